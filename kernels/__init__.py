@@ -1,0 +1,32 @@
+"""Logit-masking kernels for whole-canvas constrained decoding.
+
+Torch implementations work on any device; Triton kernels (:mod:`.triton_masking`) are used
+automatically for CUDA tensors when ``triton`` is installed. Importing this package never
+imports Triton.
+
+Example::
+
+    >>> import torch
+    >>> from dgemma_struct.kernels import pack_bool_mask, apply_token_bitmask_, masked_stats
+    >>> logits = torch.randn(4, 100)
+    >>> bm = pack_bool_mask(torch.rand(4, 100) < 0.5)
+    >>> apply_token_bitmask_(logits, bm)          # disallowed -> -inf, in place
+    >>> st = masked_stats(logits, temperature=0.7, gumbel=True, seed=0)
+    >>> st.entropy.shape
+    torch.Size([4])
+"""
+from ._backend import resolve_backend, triton_available
+from .bitmask import apply_token_bitmask_, as_bitmask_tensor, bitmask_width, pack_bool_mask, unpack_bitmask
+from .stats import MaskedStats, masked_stats
+
+__all__ = [
+    "MaskedStats",
+    "apply_token_bitmask_",
+    "as_bitmask_tensor",
+    "bitmask_width",
+    "masked_stats",
+    "pack_bool_mask",
+    "resolve_backend",
+    "triton_available",
+    "unpack_bitmask",
+]

@@ -1,0 +1,90 @@
+"""Typed errors. Every failure the SDK reports derives from :class:`DgemmaStructError`.
+
+Example::
+
+    from dgemma_struct.errors import DgemmaStructError, SchemaError
+    try:
+        generate_json("...", schema={"type": "nonsense"})
+    except SchemaError as err:
+        print(err)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class DgemmaStructError(Exception):
+    """Base class of every error raised by dgemma-struct."""
+
+
+class ModelLoadError(DgemmaStructError):
+    """The checkpoint could not be loaded, or is not a DiffusionGemma checkpoint."""
+
+
+class InvalidRequestError(DgemmaStructError, ValueError):
+    """A generation argument is out of range (``max_new_tokens <= 0``, unknown mode, ...)."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt (plus the requested new tokens) does not fit the model's context."""
+
+
+class ConstraintError(DgemmaStructError, ValueError):
+    """Base class of errors about a constraint spec (schema, regex, grammar, choices)."""
+
+
+class SchemaError(ConstraintError):
+    """Invalid JSON Schema, dangling ``$ref``, unsatisfiable bounds, or (with ``strict=True``)
+    keywords that the grammar cannot enforce."""
+
+    def __init__(self, message: str, *, keywords: list[str] | None = None):
+        super().__init__(message)
+        self.keywords = list(keywords or [])
+
+
+class UnsupportedKeywordError(SchemaError):
+    """A JSON-Schema keyword that dgemma-struct can neither compile nor validate."""
+
+
+class RegexError(ConstraintError):
+    """The regular expression does not compile."""
+
+
+class GrammarError(ConstraintError):
+    """The Lark grammar does not parse; the message carries line and column when known."""
+
+
+class ChoiceError(ConstraintError):
+    """The choice list is empty or holds something other than non-empty strings."""
+
+
+class ConstraintCompileTimeout(ConstraintError):
+    """Compiling the constraint exceeded its limits (time, size, states)."""
+
+
+class LengthError(DgemmaStructError):
+    """The output cannot be completed within the token budget (``max_new_tokens``)."""
+
+    def __init__(self, message: str, *, partial_text: str = "", stats: Any = None):
+        super().__init__(message)
+        self.partial_text = partial_text
+        self.stats = stats
+
+
+class GenerationFailed(DgemmaStructError):
+    """Repairs and the AR fallback could not produce a valid value. Carries the validation
+    errors, the partial text and the stats; an invalid value is never returned as success."""
+
+    def __init__(self, message: str, *, errors: list[str] | None = None, partial_text: str = "",
+                 stats: Any = None):
+        super().__init__(message)
+        self.errors = list(errors or [])
+        self.partial_text = partial_text
+        self.stats = stats
+
+
+class GenerationTimeout(DgemmaStructError, TimeoutError):
+    """Generation exceeded its deadline."""
+
+
+__all__ = [name for name in dir() if name.endswith(("Error", "Failed", "Timeout"))]

@@ -1,0 +1,77 @@
+"""The per-step hook through which the constraint layer steers the canvas loop.
+
+The loop calls, for every canvas: ``start_canvas`` once, then per denoising step ``mask_logits``
+(edit ``view.logits`` in place) and ``accept`` (edit ``view.accept``, ``view.sample``,
+``view.frozen``, ``view.frozen_tokens``, ``view.done``), then ``finish_canvas`` which returns the
+tokens to commit. Frozen positions are enforced by the loop: their logits become one-hot on the
+frozen token (so the entropy-bound sampler re-accepts them at zero entropy), they are never
+renoised, and their token is what the canvas commits. In AR mode, ``mask_ar_logits`` sees one row
+of logits per sequence and ``ar_token`` the chosen tokens.
+
+Example (a hook that forbids token 7 everywhere)::
+
+    class NoSeven(NullHook):
+        def mask_logits(self, view):
+            view.logits[..., 7] = float("-inf")
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class StepView:
+    """What a hook sees and may edit at one denoising step. Shapes: B rows, L canvas positions."""
+
+    canvas_index: int
+    step: int                    # steps remaining, N..1 (as transformers counts)
+    max_steps: int
+    logits: torch.Tensor         # [B, L, V] temperature-scaled logits (editable in place)
+    canvas: torch.Tensor         # [B, L] the noisy canvas fed to this step's forward
+    frozen: torch.Tensor         # [B, L] bool: committed positions (editable)
+    frozen_tokens: torch.Tensor  # [B, L] long: their tokens (editable)
+    done: torch.Tensor           # [B] bool: the hook declares the row's canvas finished (editable)
+    sample: torch.Tensor | None = None   # [B, L] denoiser sample (editable in ``accept``)
+    argmax: torch.Tensor | None = None   # [B, L] argmax of the (masked) logits
+    accept: torch.Tensor | None = None   # [B, L] bool: the sampler's acceptances (editable)
+    active: torch.Tensor | None = None   # [B] bool: rows still generating
+
+
+@runtime_checkable
+class StepHook(Protocol):
+    def start_canvas(self, view: StepView) -> None: ...
+
+    def mask_logits(self, view: StepView) -> None: ...
+
+    def accept(self, view: StepView) -> None: ...
+
+    def finish_canvas(self, view: StepView, committed: torch.Tensor) -> torch.Tensor: ...
+
+    def mask_ar_logits(self, logits: torch.Tensor, active: torch.Tensor) -> None: ...
+
+    def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None: ...
+
+
+class NullHook:
+    """A hook that changes nothing; subclass it and override what you need."""
+
+    def start_canvas(self, view: StepView) -> None:
+        pass
+
+    def mask_logits(self, view: StepView) -> None:
+        pass
+
+    def accept(self, view: StepView) -> None:
+        pass
+
+    def finish_canvas(self, view: StepView, committed: torch.Tensor) -> torch.Tensor:
+        return committed
+
+    def mask_ar_logits(self, logits: torch.Tensor, active: torch.Tensor) -> None:
+        pass
+
+    def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
+        pass

@@ -1,0 +1,59 @@
+"""Result and statistics objects returned by the runtime and the constrained API."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation (one row of a batch).
+
+    ``tokens_per_forward`` is computed as transformers defines it: generated non-pad tokens divided
+    by the decoder forward passes this row took part in (AR mode: tokens per encoder step).
+    """
+
+    mode: str = "diffusion"
+    forward_passes: int = 0
+    generated_tokens: int = 0
+    tokens_per_forward: float = 0.0
+    canvases: int = 0
+    denoising_steps: int = 0
+    wall_s: float = 0.0
+    model_s: float = 0.0
+    other_s: float = 0.0
+    mask_s: float = 0.0
+    forced_tokens: int = 0
+    repairs: int = 0
+    fallback: bool = False
+    finish_reason: str = "stop"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    """``text`` and ``token_ids`` are the generated continuation (prompt excluded, special
+    tokens and padding removed from ``text``); ``value`` is set by the constrained API."""
+
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    value: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        value = self.value.model_dump() if hasattr(self.value, "model_dump") else self.value
+        return {"text": self.text, "token_ids": self.token_ids, "value": value, "stats": self.stats.to_dict()}
+
+
+@dataclass
+class CanvasEvent:
+    """One streamed event: a committed canvas (``draft=False``) or a denoising draft."""
+
+    row: int
+    canvas_index: int
+    token_ids: list[int]
+    text: str
+    draft: bool = False
+    done: bool = False

@@ -1,0 +1,223 @@
+"""``DiffusionRuntime``: a DiffusionGemma checkpoint, its tokenizer, and our own generation loops.
+
+Example::
+
+    >>> from dgemma_struct import DiffusionRuntime
+    >>> rt = DiffusionRuntime.default()                         # the embedded model, offline
+    >>> out = rt.generate("Give the phone number.\\nCall me on 555-123-4567.", max_new_tokens=32, seed=0)
+    >>> out.stats.forward_passes > 0
+    True
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence, Union
+
+import torch
+
+from dgemma_struct.canvas import LoopOutput, autoregressive_loop, diffusion_loop
+from dgemma_struct.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
+from dgemma_struct.hooks import StepHook
+from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
+from dgemma_struct.sampler import DiffusionSettings
+
+Prompt = Union[str, Sequence[dict]]
+MODES = ("diffusion", "ar")
+EMBEDDED_DIR = Path(__file__).parent / "embedded"
+
+_default_lock = threading.Lock()
+_default_runtime: "DiffusionRuntime | None" = None
+
+
+class DiffusionRuntime:
+    """A loaded DiffusionGemma model plus tokenizer. ``model`` is the transformers
+    ``DiffusionGemmaForBlockDiffusion``; ``tokenizer`` the HF tokenizer."""
+
+    def __init__(self, model, tokenizer, *, name: str = "model"):
+        from transformers import DiffusionGemmaForBlockDiffusion
+
+        if not isinstance(model, DiffusionGemmaForBlockDiffusion):
+            raise ModelLoadError(f"expected a DiffusionGemmaForBlockDiffusion, got {type(model).__name__}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        gc = model.generation_config
+        eos = gc.eos_token_id if gc.eos_token_id is not None else model.config.text_config.eos_token_id
+        self.eos_token_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+        pad = gc.pad_token_id if gc.pad_token_id is not None else model.config.text_config.pad_token_id
+        self.pad_token_id: int | None = pad
+        self.settings = DiffusionSettings.from_generation_config(gc)
+        self.max_context = int(model.config.text_config.max_position_embeddings)
+        self.lock = threading.Lock()   # one generation at a time per model (servers batch instead)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path_or_id: str | Path, *, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None, local_files_only: bool | None = None) -> "DiffusionRuntime":
+        """Loads a ``DiffusionGemmaForBlockDiffusion`` checkpoint and its tokenizer from a local
+        directory, or a hub id when the machine has network."""
+        from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+        path = Path(path_or_id)
+        local = path.is_dir()
+        lfo = local if local_files_only is None else local_files_only
+        try:
+            config = AutoConfig.from_pretrained(str(path_or_id), local_files_only=lfo)
+        except Exception as err:  # noqa: BLE001 - transformers raises several types here
+            raise ModelLoadError(f"cannot load a config from {path_or_id!r}: {err}") from err
+        if getattr(config, "model_type", None) != "diffusion_gemma":
+            raise ModelLoadError(f"{path_or_id!r} is a {getattr(config, 'model_type', '?')!r} checkpoint, "
+                                 "not a DiffusionGemma one (model_type 'diffusion_gemma')")
+        try:
+            model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path_or_id), dtype=dtype or torch.float32,
+                                                                    local_files_only=lfo)
+            tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), local_files_only=lfo)
+        except Exception as err:  # noqa: BLE001
+            raise ModelLoadError(f"cannot load {path_or_id!r}: {err}") from err
+        return cls(model.to(device), tokenizer, name=path.name if local else str(path_or_id))
+
+    @classmethod
+    def default(cls) -> "DiffusionRuntime":
+        """The embedded model shipped in the package (loaded once per process)."""
+        global _default_runtime
+        with _default_lock:
+            if _default_runtime is None:
+                if not (EMBEDDED_DIR / "model.safetensors").exists():
+                    raise ModelLoadError(f"the embedded checkpoint is missing from {EMBEDDED_DIR}")
+                _default_runtime = cls.from_pretrained(EMBEDDED_DIR, local_files_only=True)
+                _default_runtime.name = "dgemma-struct-embedded"
+            return _default_runtime
+
+    # ------------------------------------------------------------------ prompts
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Chat-template a prompt (a user string or a list of chat messages) into token ids."""
+        if isinstance(prompt, str):
+            messages = [{"role": "user", "content": prompt}]
+        elif isinstance(prompt, Sequence) and all(isinstance(m, dict) for m in prompt) and prompt:
+            messages = list(prompt)
+        else:
+            raise InvalidRequestError("prompt must be a string or a non-empty list of chat messages")
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        text = "\n".join(m.get("content", "") for m in messages)
+        return self.tokenizer(text)["input_ids"]
+
+    def _batch(self, prompts: Sequence[Prompt], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        encoded = [self.encode_prompt(p) for p in prompts]
+        longest = max(len(e) for e in encoded)
+        if longest + max_new_tokens > self.max_context:
+            raise PromptTooLongError(f"prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds "
+                                     f"the model's context of {self.max_context} tokens")
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        ids = torch.full((len(encoded), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(encoded), longest), dtype=torch.long)
+        for i, e in enumerate(encoded):
+            ids[i, longest - len(e):] = torch.tensor(e)
+            mask[i, longest - len(e):] = 1
+        return ids.to(self.model.device), mask.to(self.model.device)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def _split(self, row: torch.Tensor, max_new_tokens: int) -> tuple[list[int], str]:
+        """Generated ids up to (excluding) the first EOS, without pad; and the finish reason."""
+        ids = row.tolist()
+        out: list[int] = []
+        for t in ids:
+            if t in self.eos_token_ids:
+                return out, "stop"
+            if t != self.pad_token_id:
+                out.append(t)
+        return out[:max_new_tokens], "length"
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt: Prompt, *, max_new_tokens: int = 128, seed: int | None = None,
+                 mode: str = "diffusion", hook: StepHook | None = None, temperature: float = 0.0,
+                 settings: DiffusionSettings | None = None) -> GenerationResult:
+        """One prompt; see :meth:`generate_batch`."""
+        return self.generate_batch([prompt], max_new_tokens=max_new_tokens, seed=seed, mode=mode, hook=hook,
+                                   temperature=temperature, settings=settings)[0]
+
+    def generate_batch(self, prompts: Sequence[Prompt], *, max_new_tokens: int = 128, seed: int | None = None,
+                       mode: str = "diffusion", hook: StepHook | None = None, temperature: float = 0.0,
+                       settings: DiffusionSettings | None = None,
+                       on_canvas=None, on_draft=None) -> list[GenerationResult]:
+        """Generates for a batch of prompts (left-padded). ``mode="diffusion"`` runs block
+        diffusion, ``mode="ar"`` the same weights left to right (``temperature`` 0 = greedy).
+        ``seed`` seeds torch's global RNG, as ``model.generate`` uses it."""
+        if mode not in MODES:
+            raise InvalidRequestError(f"unknown mode {mode!r}; expected one of {MODES}")
+        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not prompts:
+            raise InvalidRequestError("no prompts given")
+        ids, mask = self._batch(prompts, max_new_tokens)
+        with self.lock:
+            if seed is not None:
+                torch.manual_seed(seed)
+            t0 = time.perf_counter()
+            if mode == "diffusion":
+                out: LoopOutput = diffusion_loop(
+                    self.model, ids, mask, max_new_tokens=max_new_tokens, settings=settings or self.settings,
+                    eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, hook=hook,
+                    on_canvas=on_canvas, on_draft=on_draft)
+            else:
+                out = autoregressive_loop(self.model, ids, mask, max_new_tokens=max_new_tokens,
+                                          eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
+                                          temperature=temperature, hook=hook)
+            wall = time.perf_counter() - t0
+        results = []
+        new = out.sequences[:, ids.shape[1]:]
+        for b in range(len(prompts)):
+            non_pad = int((new[b] != self.pad_token_id).sum()) if self.pad_token_id is not None else new.shape[1]
+            passes = int(out.forward_passes[b])
+            token_ids, reason = self._split(new[b], max_new_tokens)
+            stats = GenerationStats(
+                mode=mode, forward_passes=passes, generated_tokens=len(token_ids),
+                tokens_per_forward=(non_pad / passes) if passes else 0.0, canvases=out.canvases,
+                denoising_steps=out.steps, wall_s=wall, model_s=out.model_s, other_s=max(0.0, wall - out.model_s),
+                mask_s=out.hook_s, finish_reason=reason)
+            results.append(GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=stats))
+        return results
+
+    def stream(self, prompt: Prompt, *, max_new_tokens: int = 128, seed: int | None = None,
+               drafts: bool = False, hook: StepHook | None = None) -> Iterator[CanvasEvent]:
+        """Yields each committed canvas (and, with ``drafts=True``, each step's draft) as it is
+        produced; the last event has ``done=True``. Runs the loop in a worker thread."""
+        import queue
+
+        q: "queue.Queue[Any]" = queue.Queue()
+        committed: list[int] = []
+
+        def on_canvas(i: int, tokens: torch.Tensor) -> None:
+            committed.extend(t for t in tokens[0].tolist())
+            ids, _ = self._split(torch.tensor(committed), max_new_tokens)
+            q.put(CanvasEvent(row=0, canvas_index=i, token_ids=ids, text=self.decode(ids)))
+
+        def on_draft(i: int, argmax: torch.Tensor) -> None:
+            ids = committed + argmax[0].tolist()
+            ids, _ = self._split(torch.tensor(ids), max_new_tokens)
+            q.put(CanvasEvent(row=0, canvas_index=i, token_ids=ids, text=self.decode(ids), draft=True))
+
+        def work() -> None:
+            try:
+                res = self.generate_batch([prompt], max_new_tokens=max_new_tokens, seed=seed, hook=hook,
+                                          on_canvas=on_canvas, on_draft=on_draft if drafts else None)[0]
+                q.put(CanvasEvent(row=0, canvas_index=res.stats.canvases - 1, token_ids=res.token_ids,
+                                  text=res.text, done=True))
+            except BaseException as err:  # noqa: BLE001 - re-raised in the consumer
+                q.put(err)
+
+        threading.Thread(target=work, daemon=True).start()
+        while True:
+            item = q.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.done:
+                return

@@ -1,0 +1,196 @@
+"""Train the embedded DiffusionGemma model: tokenizer, diffusion objective and AR objective.
+
+One encoder pass over ``prompt + answer`` serves both objectives: its last hidden state gives the
+AR (next-token) loss on the answer, and its KV cache, masked per row to ``prompt + answer[:k*L]``,
+is the context of the decoder, which denoises block ``k`` of the answer from uniform-random
+corruption (self-conditioning on half of the batches, as at inference).
+
+Run::
+
+    dgemma-struct train --minutes 40 --out src/dgemma_struct/embedded
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from dgemma_struct.model_config import (CHAT_TEMPLATE, EOS_ID, EOT_ID, PAD_ID, SPECIAL_TOKENS,
+                                        embedded_config)
+from dgemma_struct.training.corpus import make_corpus
+
+
+def build_tokenizer(texts: list[str], vocab_size: int = 2048):
+    """Byte-level BPE trained on ``texts``, wrapped as a ``PreTrainedTokenizerFast``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                                 unk_token="<unk>", additional_special_tokens=["<start_of_turn>", "<end_of_turn>"])
+    hf.chat_template = CHAT_TEMPLATE
+    hf.padding_side = "left"
+    assert hf.convert_tokens_to_ids(SPECIAL_TOKENS) == list(range(len(SPECIAL_TOKENS)))
+    return hf
+
+
+def encode_example(tokenizer, ex: dict) -> tuple[list[int], list[int]]:
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": ex["prompt"]}], add_generation_prompt=True,
+                                           tokenize=True)
+    if hasattr(prompt, "keys"):
+        prompt = prompt["input_ids"]
+    answer = tokenizer(ex["answer"], add_special_tokens=False)["input_ids"] + [EOT_ID]
+    return list(prompt), answer
+
+
+def make_batch(encoded: list[tuple[list[int], list[int]]], canvas: int, vocab: int, gen: torch.Generator,
+               rng: random.Random):
+    """Left-padded full sequences plus, per row, the block to denoise and its corruption."""
+    B = len(encoded)
+    seqs, ctx_lens, blocks = [], [], []
+    for prompt, answer in encoded:
+        n_blocks = math.ceil(len(answer) / canvas)
+        k = rng.randrange(n_blocks)
+        target = (answer + [PAD_ID] * (n_blocks * canvas - len(answer)))[k * canvas:(k + 1) * canvas]
+        seqs.append(prompt + answer)
+        ctx_lens.append(len(prompt) + k * canvas)
+        blocks.append(target)
+    T = max(len(s) for s in seqs)
+    ids = torch.full((B, T), PAD_ID, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.bool)
+    ar_labels = torch.full((B, T), -100, dtype=torch.long)
+    ctx_end = torch.zeros(B, dtype=torch.long)
+    for i, ((prompt, answer), s, c) in enumerate(zip(encoded, seqs, ctx_lens)):
+        off = T - len(s)
+        ids[i, off:] = torch.tensor(s)
+        attn[i, off:] = True
+        # label at position j predicts token j+1: answer tokens only
+        ar_labels[i, off + len(prompt) - 1:T - 1] = torch.tensor(answer)
+        ctx_end[i] = off + c
+    clean = torch.tensor(blocks, dtype=torch.long)
+    t = torch.rand(B, 1, generator=gen).clamp_min(0.02)
+    noise_mask = torch.rand(B, canvas, generator=gen) < t
+    noisy = torch.where(noise_mask, torch.randint(0, vocab, (B, canvas), generator=gen), clean)
+    # the decoder may only see the cache up to each row's context end
+    cache_visible = attn & (torch.arange(T)[None, :] < ctx_end[:, None])
+    dec_mask = torch.cat([cache_visible, torch.ones(B, canvas, dtype=torch.bool)], dim=1)
+    dec_pos = ctx_end[:, None] + torch.arange(canvas)[None, :]
+    return dict(ids=ids, attn=attn, ar_labels=ar_labels, clean=clean, noisy=noisy, dec_mask=dec_mask,
+                dec_pos=dec_pos)
+
+
+def softcapped_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    cap = model.final_logit_softcapping
+    logits = model.lm_head(hidden).float()
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def loss_on_batch(model, batch: dict, self_condition: bool):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    enc = model.model.encoder(input_ids=batch["ids"], attention_mask=batch["attn"], past_key_values=cache)
+    ar_logits = softcapped_logits(model, enc.last_hidden_state)
+    ar_loss = F.cross_entropy(ar_logits.flatten(0, 1), batch["ar_labels"].flatten(), ignore_index=-100)
+    kwargs = dict(past_key_values=enc.past_key_values, decoder_input_ids=batch["noisy"],
+                  decoder_attention_mask=batch["dec_mask"], decoder_position_ids=batch["dec_pos"])
+    sc = None
+    if self_condition:
+        with torch.no_grad():
+            sc = model(**kwargs).logits.detach()
+    logits = model(**kwargs, self_conditioning_logits=sc).logits
+    diff_loss = F.cross_entropy(logits.flatten(0, 1), batch["clean"].flatten())
+    return diff_loss, ar_loss
+
+
+def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int = 100_000, batch_size: int = 24,
+          lr: float = 2e-3, seed: int = 0, corpus_size: int = 60_000, vocab_size: int = 1024,
+          threads: int = 2, log_every: int = 25) -> dict:
+    """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
+    checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    corpus = make_corpus(corpus_size, seed=seed)
+    tokenizer = build_tokenizer([e["prompt"] for e in corpus] + [e["answer"] for e in corpus], vocab_size)
+    encoded = [encode_example(tokenizer, e) for e in corpus]
+    config = embedded_config(len(tokenizer))
+    model = DiffusionGemmaForBlockDiffusion(config)
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = 150
+    total_s = minutes * 60
+    log: list[dict] = []
+    start = time.time()
+    step = 0
+    bar = tqdm(total=max_steps, desc="train", unit="step", mininterval=5)
+    while step < max_steps:
+        elapsed = time.time() - start
+        if elapsed > total_s:
+            break
+        frac = min(1.0, elapsed / total_s)
+        cur_lr = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = cur_lr
+        batch = make_batch([encoded[rng.randrange(len(encoded))] for _ in range(batch_size)],
+                           config.canvas_length, config.text_config.vocab_size, gen, rng)
+        diff_loss, ar_loss = loss_on_batch(model, batch, self_condition=rng.random() < 0.5)
+        loss = diff_loss + ar_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        if step % log_every == 0 or step == 1:
+            rec = {"step": step, "s": round(time.time() - start, 1), "lr": cur_lr,
+                   "diffusion_loss": round(diff_loss.item(), 4), "ar_loss": round(ar_loss.item(), 4)}
+            log.append(rec)
+            bar.set_postfix(diff=rec["diffusion_loss"], ar=rec["ar_loss"])
+            (out_dir / "training_log.json").write_text(json.dumps(log))
+        if step % 500 == 0:
+            save(model, tokenizer, out_dir)
+    bar.close()
+    model.eval()
+    save(model, tokenizer, out_dir)
+    meta = {"steps": step, "minutes": round((time.time() - start) / 60, 2), "batch_size": batch_size, "lr": lr,
+            "seed": seed, "corpus_size": corpus_size, "vocab_size": len(tokenizer), "parameters": n_params,
+            "canvas_length": config.canvas_length, "threads": threads}
+    (out_dir / "training_log.json").write_text(json.dumps(log))
+    (out_dir / "training_meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def default_generation_config():
+    """Settings under which adaptive early stopping really fires for the embedded model."""
+    from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
+        DiffusionGemmaGenerationConfig, EntropyBoundSamplerConfig)
+
+    return DiffusionGemmaGenerationConfig(
+        max_new_tokens=128, max_denoising_steps=32, sampler_config=EntropyBoundSamplerConfig(entropy_bound=0.5),
+        t_min=0.3, t_max=0.8, stability_threshold=1, confidence_threshold=0.05,
+        eos_token_id=[EOS_ID, EOT_ID], pad_token_id=PAD_ID, bos_token_id=2)
+
+
+def save(model, tokenizer, out_dir: Path) -> None:
+    model.generation_config = default_generation_config()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)

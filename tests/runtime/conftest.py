@@ -1,0 +1,16 @@
+import pytest
+import torch
+
+from dgemma_struct.model_config import tiny_config
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A random-weight DiffusionGemma (canvas 16, vocab 512) with early stopping that fires."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    torch.manual_seed(0)
+    model = DiffusionGemmaForBlockDiffusion(tiny_config(vocab_size=512, canvas_length=16)).eval()
+    gc = model.generation_config
+    gc.eos_token_id, gc.pad_token_id = [1, 4], 0
+    return model
