@@ -1,5 +1,30 @@
-"""dgemma-struct: guaranteed structured outputs from DiffusionGemma text-diffusion models."""
+"""dgemma-struct: guaranteed structured outputs from DiffusionGemma text-diffusion models.
+
+Example::
+
+    from pydantic import BaseModel
+    from dgemma_struct import generate_json
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    person = generate_json("Extract the name and age as JSON.\\nAda Lovelace is 36.", schema=Person)
+"""
+from dgemma_struct.api import (agenerate, agenerate_json, constraint_for, generate, generate_batch, generate_choice,
+                               generate_grammar, generate_json, generate_json_batch, generate_regex, partial_json,
+                               stream)
+from dgemma_struct.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, compile_constraint
 from dgemma_struct.errors import DgemmaStructError
+from dgemma_struct.hooks import NullHook, StepHook, StepView
+from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
+from dgemma_struct.runtime import DiffusionRuntime
 
 __version__ = "0.1.0"
-__all__ = ["DgemmaStructError", "__version__"]
+__all__ = [
+    "generate", "generate_json", "generate_regex", "generate_grammar", "generate_choice", "generate_batch",
+    "generate_json_batch", "agenerate", "agenerate_json", "stream", "partial_json", "constraint_for",
+    "compile_constraint", "Constraint", "Regex", "Grammar", "Choice", "JsonSchema", "DiffusionRuntime",
+    "GenerationResult", "GenerationStats", "CanvasEvent", "StepHook", "StepView", "NullHook", "DgemmaStructError",
+    "__version__",
+]

@@ -107,8 +107,7 @@ class DiffusionRuntime:
         text = "\n".join(m.get("content", "") for m in messages)
         return self.tokenizer(text)["input_ids"]
 
-    def _batch(self, prompts: Sequence[Prompt], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        encoded = [self.encode_prompt(p) for p in prompts]
+    def _batch(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(e) for e in encoded)
         if longest + max_new_tokens > self.max_context:
             raise PromptTooLongError(f"prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds "
@@ -117,7 +116,7 @@ class DiffusionRuntime:
         ids = torch.full((len(encoded), longest), pad, dtype=torch.long)
         mask = torch.zeros((len(encoded), longest), dtype=torch.long)
         for i, e in enumerate(encoded):
-            ids[i, longest - len(e):] = torch.tensor(e)
+            ids[i, longest - len(e):] = torch.tensor(list(e), dtype=torch.long)
             mask[i, longest - len(e):] = 1
         return ids.to(self.model.device), mask.to(self.model.device)
 
@@ -150,13 +149,24 @@ class DiffusionRuntime:
         """Generates for a batch of prompts (left-padded). ``mode="diffusion"`` runs block
         diffusion, ``mode="ar"`` the same weights left to right (``temperature`` 0 = greedy).
         ``seed`` seeds torch's global RNG, as ``model.generate`` uses it."""
-        if mode not in MODES:
-            raise InvalidRequestError(f"unknown mode {mode!r}; expected one of {MODES}")
-        if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         if not prompts:
             raise InvalidRequestError("no prompts given")
-        ids, mask = self._batch(prompts, max_new_tokens)
+        return self.generate_ids([self.encode_prompt(p) for p in prompts], max_new_tokens=max_new_tokens,
+                                 seed=seed, mode=mode, hook=hook, temperature=temperature, settings=settings,
+                                 on_canvas=on_canvas, on_draft=on_draft)
+
+    def generate_ids(self, encoded: Sequence[Sequence[int]], *, max_new_tokens: int = 128, seed: int | None = None,
+                     mode: str = "diffusion", hook: StepHook | None = None, temperature: float = 0.0,
+                     settings: DiffusionSettings | None = None, on_canvas=None,
+                     on_draft=None) -> list[GenerationResult]:
+        """Like :meth:`generate_batch` on already-encoded prompts (token ids, template applied)."""
+        if mode not in MODES:
+            raise InvalidRequestError(f"unknown mode {mode!r}; expected one of {MODES}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not encoded or any(len(e) == 0 for e in encoded):
+            raise InvalidRequestError("every prompt needs at least one token")
+        ids, mask = self._batch(encoded, max_new_tokens)
         with self.lock:
             if seed is not None:
                 torch.manual_seed(seed)
@@ -173,7 +183,7 @@ class DiffusionRuntime:
             wall = time.perf_counter() - t0
         results = []
         new = out.sequences[:, ids.shape[1]:]
-        for b in range(len(prompts)):
+        for b in range(len(encoded)):
             non_pad = int((new[b] != self.pad_token_id).sum()) if self.pad_token_id is not None else new.shape[1]
             passes = int(out.forward_passes[b])
             token_ids, reason = self._split(new[b], max_new_tokens)

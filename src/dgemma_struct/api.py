@@ -1,0 +1,410 @@
+"""Constrained generation: ``generate_json``, ``generate_regex``, ``generate_grammar``,
+``generate_choice`` and the general ``generate``.
+
+The flow, top to bottom: prompt → :func:`compile_constraint` → canvas loop with a
+:class:`~dgemma_struct.guide.ConstraintGuide` → validation → repair (renoise from the earliest
+offending token) → AR fallback on the same weights → a valid value, or a typed error.
+
+Example::
+
+    >>> from pydantic import BaseModel
+    >>> from dgemma_struct import generate_json
+    >>> class Person(BaseModel):
+    ...     name: str
+    ...     age: int
+    >>> p = generate_json("Extract the name and age as JSON.\\nAda Lovelace is 36.", schema=Person)
+    >>> isinstance(p, Person)
+    True
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from dgemma_struct.constraints import Choice, Constraint, Grammar, Regex, compile_constraint
+from dgemma_struct.errors import (DgemmaStructError, GenerationFailed, GenerationTimeout, InvalidRequestError,
+                                  LengthError)
+from dgemma_struct.guide import ConstraintGuide
+from dgemma_struct.repair import char_to_token_index, error_char_offset
+from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
+from dgemma_struct.runtime import MODES, DiffusionRuntime, Prompt
+
+
+@dataclass
+class _Attempt:
+    tokens: list[int]        # generated tokens (EOS excluded)
+    complete: bool           # the grammar accepted and EOS was reached
+    dead_end: bool
+    stats: GenerationStats
+
+
+def _runtime(runtime: DiffusionRuntime | None) -> DiffusionRuntime:
+    return runtime if runtime is not None else DiffusionRuntime.default()
+
+
+def constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False,
+                   whitespace: str = "compact") -> Constraint:
+    """Compile ``spec`` for ``runtime``'s tokenizer, with its stop tokens and vocabulary width."""
+    if isinstance(spec, Constraint):
+        return spec
+    return compile_constraint(spec, tokenizer=runtime.tokenizer, strict=strict, whitespace=whitespace,
+                              stop_token_ids=runtime.eos_token_ids,
+                              vocab_size=runtime.model.config.text_config.vocab_size)
+
+
+def _check_options(max_new_tokens: Any, mode: str, max_repairs: Any) -> None:
+    if mode not in MODES:
+        raise InvalidRequestError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if isinstance(max_repairs, bool) or not isinstance(max_repairs, int) or max_repairs < 0:
+        raise InvalidRequestError(f"max_repairs must be an integer >= 0, got {max_repairs!r}")
+
+
+def _min_length_tokens(constraint: Constraint) -> int:
+    """A lower bound on the tokens any accepted output needs: the forced prefix plus EOS."""
+    w = constraint.canvas_walker()
+    forced = w.forced_tokens(4096)
+    return len(forced) + (0 if forced and forced[-1] in constraint.stop_token_ids else 1)
+
+
+class _Session:
+    """One request: a prompt, its constraint, the budget, and the attempts made so far."""
+
+    def __init__(self, runtime: DiffusionRuntime, prompt_ids: list[int], constraint: Constraint, *,
+                 max_new_tokens: int, seed: int | None, mode: str, max_repairs: int, fallback: bool,
+                 deadline: float | None, progress: bool = True):
+        self.rt = runtime
+        self.prompt_ids = prompt_ids
+        self.c = constraint
+        self.max_new = max_new_tokens
+        self.seed = seed
+        self.mode = mode
+        self.max_repairs = max_repairs
+        self.fallback = fallback
+        self.deadline = deadline
+        self.progress = progress
+        self.stats = GenerationStats(mode=mode)
+        self.errors: list[str] = []
+
+    # -- one pass of the loop from a kept prefix ------------------------------------------------
+    def guide_for(self, prefix: list[int]) -> ConstraintGuide:
+        w = self.c.canvas_walker()
+        if prefix:
+            w.commit(prefix)
+        return ConstraintGuide([w], pad_token_id=self.rt.pad_token_id or 0, progress=self.progress,
+                               deadline=self.deadline)
+
+    def absorb(self, res: GenerationResult, guide: ConstraintGuide, prefix: list[int]) -> _Attempt:
+        s = res.stats
+        agg = self.stats
+        agg.forward_passes += s.forward_passes
+        agg.canvases += s.canvases
+        agg.denoising_steps += s.denoising_steps
+        agg.model_s += s.model_s
+        agg.mask_s += guide.mask_s
+        agg.forced_tokens += guide.forced[0]
+        w = guide.walkers[0]
+        gen = list(w.frozen_tokens)
+        complete = bool(gen) and gen[-1] in self.c.stop_token_ids
+        tokens = [t for t in gen if t not in self.c.stop_token_ids]
+        return _Attempt(tokens=tokens, complete=complete, dead_end=guide.dead_end[0], stats=s)
+
+    def run(self, prefix: list[int], mode: str, attempt: int) -> _Attempt:
+        self._check_deadline()
+        guide = self.guide_for(prefix)
+        budget = self.max_new - len(prefix)
+        if budget <= 0:
+            return _Attempt(prefix, False, False, GenerationStats())
+        seed = None if self.seed is None else self.seed + 1000 * attempt
+        res = self.rt.generate_ids([self.prompt_ids + prefix], max_new_tokens=budget, seed=seed, mode=mode,
+                                   hook=guide)[0]
+        return self.absorb(res, guide, prefix)
+
+    def _check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise GenerationTimeout("generation exceeded its timeout", )
+
+    def text_of(self, tokens: list[int]) -> str:
+        return self.rt.tokenizer.decode(tokens, skip_special_tokens=False)
+
+    # -- validate, repair, fall back -------------------------------------------------------------
+    def offending_prefix(self, tokens: list[int], issues) -> list[int]:
+        """Tokens before the earliest offending value (where renoising restarts)."""
+        text = self.text_of(tokens)
+        offset = error_char_offset(text, [i.path for i in issues]) if self.c.kind == "json" else 0
+        pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+        return tokens[:char_to_token_index(pieces, offset)]
+
+    def solve(self) -> GenerationResult:
+        t0 = time.perf_counter()
+        prefix: list[int] = []
+        last: _Attempt | None = None
+        for attempt in range(self.max_repairs + 1):
+            last = self.run(prefix, self.mode, attempt)
+            outcome = self.check(last)
+            if outcome is not None:
+                return self.finish(last, outcome, t0)
+            self.stats.repairs += attempt > 0
+            prefix = self.next_prefix(last)
+        self.stats.repairs = self.max_repairs
+        if self.fallback and self.mode == "diffusion":
+            self.stats.fallback = True
+            last = self.run(prefix, "ar", self.max_repairs + 1)
+            outcome = self.check(last)
+            if outcome is not None:
+                return self.finish(last, outcome, t0)
+        self.stats.wall_s = time.perf_counter() - t0
+        partial = self.text_of(last.tokens) if last else ""
+        if last is not None and not last.complete and not last.dead_end:
+            self.stats.finish_reason = "length"
+            raise LengthError(f"the output could not be completed within max_new_tokens={self.max_new}; "
+                              f"nothing truncated was returned", partial_text=partial, stats=self.stats)
+        raise GenerationFailed("no valid output after {} repairs{}: {}".format(
+            self.max_repairs, " and the AR fallback" if self.stats.fallback else "", "; ".join(self.errors[-3:])),
+            errors=self.errors, partial_text=partial, stats=self.stats)
+
+    def check(self, a: _Attempt):
+        if a.dead_end:
+            self.errors.append("the grammar walk made no progress (dead end)")
+            return None
+        if not a.complete:
+            self.errors.append("the output did not finish within the token budget")
+            return None
+        outcome = self.c.validate_text(self.text_of(a.tokens))
+        if outcome.ok:
+            return outcome
+        self._last_issues = outcome.errors
+        self.errors.extend(str(e) for e in outcome.errors)
+        return None
+
+    def next_prefix(self, a: _Attempt) -> list[int]:
+        if a.complete and not a.dead_end and getattr(self, "_last_issues", None):
+            prefix = self.offending_prefix(a.tokens, self._last_issues)
+            self._last_issues = None
+            return prefix
+        # dead end or out of budget: keep half of what was generated, renoise the rest
+        return a.tokens[: len(a.tokens) // 2]
+
+    def finish(self, a: _Attempt, outcome, t0: float) -> GenerationResult:
+        s = self.stats
+        s.wall_s = time.perf_counter() - t0
+        s.generated_tokens = len(a.tokens)
+        s.tokens_per_forward = (len(a.tokens) + 1) / s.forward_passes if s.forward_passes else 0.0
+        s.other_s = max(0.0, s.wall_s - s.model_s)
+        s.finish_reason = "stop"
+        return GenerationResult(text=self.text_of(a.tokens), token_ids=a.tokens, stats=s, value=outcome.value)
+
+
+def _session(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, *, max_new_tokens: int, seed: int | None,
+             mode: str, max_repairs: int, strict: bool, fallback: bool, timeout_s: float | None,
+             whitespace: str, progress: bool = True) -> _Session:
+    _check_options(max_new_tokens, mode, max_repairs)
+    rt = _runtime(runtime)
+    constraint = constraint_for(spec, rt, strict=strict, whitespace=whitespace)
+    need = _min_length_tokens(constraint)
+    if need > max_new_tokens:
+        raise LengthError(f"every output of this constraint needs at least {need} tokens, "
+                          f"but max_new_tokens={max_new_tokens}")
+    prompt_ids = rt.encode_prompt(prompt)
+    rt._batch([prompt_ids], max_new_tokens)  # raises PromptTooLongError before any generation
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    return _Session(rt, prompt_ids, constraint, max_new_tokens=max_new_tokens, seed=seed, mode=mode,
+                    max_repairs=max_repairs, fallback=fallback, deadline=deadline, progress=progress)
+
+
+def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None, max_new_tokens: int = 128,
+             seed: int | None = 0, mode: str = "diffusion", max_repairs: int = 2, strict: bool = False,
+             fallback: bool = True, timeout_s: float | None = None, whitespace: str = "compact",
+             progress: bool = True, return_details: bool = False) -> Any:
+    """Generate an output that satisfies ``spec`` (pydantic model, JSON-Schema dict, ``Regex``,
+    ``Grammar``, ``Choice``, ``Literal``/``Enum`` type, or a compiled ``Constraint``).
+
+    Returns the value (a pydantic instance, a JSON value, or the text), or with
+    ``return_details=True`` a :class:`GenerationResult` with ``.value``, ``.text``, ``.stats``.
+    Raises a :class:`~dgemma_struct.errors.DgemmaStructError` subclass, never an invalid value."""
+    session = _session(prompt, spec, runtime, max_new_tokens=max_new_tokens, seed=seed, mode=mode,
+                       max_repairs=max_repairs, strict=strict, fallback=fallback, timeout_s=timeout_s,
+                       whitespace=whitespace, progress=progress)
+    result = session.solve()
+    return result if return_details else result.value
+
+
+def generate_json(prompt: Prompt, schema: Any, **opts: Any) -> Any:
+    """A pydantic instance for a pydantic class, else a JSON value valid against ``schema``."""
+    return generate(prompt, schema, **opts)
+
+
+def generate_regex(prompt: Prompt, pattern: str, **opts: Any) -> Any:
+    """Text that fully matches ``pattern``."""
+    return generate(prompt, Regex(pattern), **opts)
+
+
+def generate_grammar(prompt: Prompt, lark_grammar: str, **opts: Any) -> Any:
+    """Text in the language of a Lark grammar (text, ``.lark`` path, or built-in name)."""
+    return generate(prompt, Grammar(lark_grammar), **opts)
+
+
+def generate_choice(prompt: Prompt, choices: Sequence[str], **opts: Any) -> Any:
+    """One of ``choices``."""
+    return generate(prompt, Choice(list(choices)), **opts)
+
+
+def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, runtime: DiffusionRuntime | None = None,
+                   max_new_tokens: int = 128, seed: int | None = 0, mode: str = "diffusion", max_repairs: int = 2,
+                   strict: bool = False, fallback: bool = True, timeout_s: float | None = None,
+                   whitespace: str = "compact", progress: bool = True,
+                   return_exceptions: bool = False) -> list[Any]:
+    """Constrained generation for many prompts in one batched canvas loop; each row has its own
+    constraint (``specs`` is one spec for all rows or one per row). Rows that fail validation are
+    repaired one by one. Returns :class:`GenerationResult` objects (or, with
+    ``return_exceptions=True``, the typed error in a failed row's place)."""
+    if not isinstance(specs, (list, tuple)):
+        specs = [specs] * len(prompts)
+    if len(specs) != len(prompts):
+        raise InvalidRequestError(f"{len(prompts)} prompts but {len(specs)} specs")
+    if not prompts:
+        return []
+    opts = dict(max_new_tokens=max_new_tokens, seed=seed, mode=mode, max_repairs=max_repairs, strict=strict,
+                fallback=fallback, timeout_s=timeout_s, whitespace=whitespace, progress=progress)
+    rt = _runtime(runtime)
+    sessions: list[_Session | DgemmaStructError] = []
+    for p, s in zip(prompts, specs):
+        try:
+            sessions.append(_session(p, s, rt, **opts))
+        except DgemmaStructError as err:
+            if not return_exceptions:
+                raise
+            sessions.append(err)
+    live = [i for i, s in enumerate(sessions) if isinstance(s, _Session)]
+    out: list[Any] = list(sessions)
+    if live:
+        t0 = time.perf_counter()
+        guides = [sessions[i].guide_for([]) for i in live]
+        guide = ConstraintGuide([g.walkers[0] for g in guides], pad_token_id=rt.pad_token_id or 0,
+                                progress=progress, deadline=sessions[live[0]].deadline)
+        results = rt.generate_ids([sessions[i].prompt_ids for i in live], max_new_tokens=max_new_tokens, seed=seed,
+                                  mode=mode, hook=guide)
+        for j, i in enumerate(live):
+            sess: _Session = sessions[i]
+            single = ConstraintGuide([guide.walkers[j]], pad_token_id=rt.pad_token_id or 0)
+            single.mask_s, single.forced, single.dead_end = guide.mask_s / len(live), [guide.forced[j]], \
+                [guide.dead_end[j]]
+            attempt = sess.absorb(results[j], single, [])
+            try:
+                outcome = sess.check(attempt)
+                if outcome is not None:
+                    res = sess.finish(attempt, outcome, t0)
+                else:
+                    sess.max_repairs = max(0, sess.max_repairs - 1)
+                    res = _continue(sess, attempt)
+                out[i] = res
+            except DgemmaStructError as err:
+                if not return_exceptions:
+                    raise
+                out[i] = err
+    return out
+
+
+def _continue(sess: _Session, first: _Attempt) -> GenerationResult:
+    """Repairs after a failed first (batched) attempt."""
+    sess.stats.repairs = 1
+    prefix = sess.next_prefix(first)
+    sess_prefix_run = sess.run
+    t0 = time.perf_counter()
+    for attempt in range(1, sess.max_repairs + 2):
+        last = sess_prefix_run(prefix, sess.mode, attempt)
+        outcome = sess.check(last)
+        if outcome is not None:
+            return sess.finish(last, outcome, t0)
+        sess.stats.repairs += 1
+        prefix = sess.next_prefix(last)
+    sess.max_repairs = 0
+    sess.stats.repairs -= 1
+    # fall back (or raise) exactly as a single request would
+    if sess.fallback and sess.mode == "diffusion":
+        sess.stats.fallback = True
+        last = sess.run(prefix, "ar", 99)
+        outcome = sess.check(last)
+        if outcome is not None:
+            return sess.finish(last, outcome, t0)
+    raise GenerationFailed("no valid output after repairs: " + "; ".join(sess.errors[-3:]), errors=sess.errors,
+                           partial_text=sess.text_of(last.tokens), stats=sess.stats)
+
+
+def generate_json_batch(prompts: Sequence[Prompt], schema: Any, **opts: Any) -> list[Any]:
+    """Values for many prompts (one schema, or one per prompt); see :func:`generate_batch`."""
+    results = generate_batch(prompts, schema, **opts)
+    return [r.value if isinstance(r, GenerationResult) else r for r in results]
+
+
+async def agenerate(prompt: Prompt, spec: Any, **opts: Any) -> Any:
+    """``generate`` in a worker thread, for event loops (servers)."""
+    return await asyncio.to_thread(generate, prompt, spec, **opts)
+
+
+async def agenerate_json(prompt: Prompt, schema: Any, **opts: Any) -> Any:
+    return await asyncio.to_thread(generate_json, prompt, schema, **opts)
+
+
+def partial_json(text: str) -> Any:
+    """Best-effort value of an unfinished JSON text: closes open strings, arrays and objects.
+    Returns ``None`` when nothing parses."""
+    stack, in_str, esc = [], False, False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]" and stack:
+            stack.pop()
+    candidate = text + ('"' if in_str else "")
+    for trim in range(0, min(len(candidate), 40)):
+        body = candidate[: len(candidate) - trim] if trim else candidate
+        body = body.rstrip(",:")
+        try:
+            return json.loads(body + "".join(reversed(stack)))
+        except ValueError:
+            continue
+    return None
+
+
+def stream(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None, max_new_tokens: int = 128,
+           seed: int | None = 0, strict: bool = False, whitespace: str = "compact",
+           timeout_s: float | None = None) -> Iterator[CanvasEvent]:
+    """Streams committed canvases of a constrained diffusion run as partial text (and, for JSON,
+    ``event.value`` = the partial value). The final event (``done=True``) carries the validated
+    value; if validation fails the stream raises a typed error instead of ending with bad data."""
+    session = _session(prompt, spec, runtime, max_new_tokens=max_new_tokens, seed=seed, mode="diffusion",
+                       max_repairs=0, strict=strict, fallback=False, timeout_s=timeout_s, whitespace=whitespace)
+    guide = session.guide_for([])
+    rt = session.rt
+    final: GenerationResult | None = None
+    for ev in rt.stream(session.prompt_ids, max_new_tokens=max_new_tokens, seed=seed, hook=guide):
+        if not ev.done:
+            ev.value = partial_json(ev.text) if session.c.kind == "json" else ev.text
+            yield ev
+        else:
+            final = GenerationResult(text=ev.text, token_ids=ev.token_ids)
+    attempt = session.absorb(final, guide, []) if final is not None else None
+    outcome = session.check(attempt) if attempt is not None else None
+    if outcome is None:
+        # finish the request the same way a non-streaming call would (repairs + fallback)
+        session.max_repairs = 1
+        result = session.solve()
+    else:
+        result = session.finish(attempt, outcome, time.perf_counter())
+    done = CanvasEvent(row=0, canvas_index=result.stats.canvases - 1, token_ids=result.token_ids, text=result.text,
+                       done=True)
+    done.value = result.value
+    yield done

@@ -1,0 +1,297 @@
+"""JSON-Schema normalisation and the grammar / validation split.
+
+``prepare_json_schema`` returns a :class:`JsonPlan`: the llguidance grammar built from a
+*grammar copy* of the schema, the keywords that copy does not enforce (``semantic_keywords``,
+left to validation), and a validator for the original schema.
+
+How keywords are split is decided by llguidance itself: the schema is compiled in lenient mode
+and llguidance's warnings (``Unimplemented keys: [...]``, ``Unknown format: ...``) and errors
+(look-around regexes, non-disjoint ``oneOf``) name what it cannot express. Those keywords are
+removed from / relaxed in the grammar copy only, which makes the grammar a *superset* of the
+valid instances; ``jsonschema`` validation of the finished text enforces the rest.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+from urllib.parse import unquote
+
+import jsonschema
+import llguidance as llg
+
+from dgemma_struct.errors import ConstraintCompileTimeout, SchemaError, UnsupportedKeywordError
+
+__all__ = ["JsonPlan", "prepare_json_schema", "make_validator", "iter_issues"]
+
+_SUBSCHEMA_DICT_KWS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LIST_KWS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_KWS = ("items", "additionalProperties", "additionalItems", "contains", "not", "if", "then",
+                  "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+
+
+@dataclass
+class JsonPlan:
+    schema: Any  # original schema (normalised only by json round trip)
+    grammar_schema: Any  # the copy handed to llguidance
+    grammar: str  # llguidance grammar string
+    semantic_keywords: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _walk(schema: Any, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
+    """Yield (path, subschema-dict) for every subschema."""
+    if not isinstance(schema, dict):
+        return
+    yield path, schema
+    for kw in _SUBSCHEMA_DICT_KWS:
+        v = schema.get(kw)
+        if isinstance(v, dict):
+            for k, sub in v.items():
+                yield from _walk(sub, path + (kw, k))
+    for kw in _SUBSCHEMA_LIST_KWS:
+        v = schema.get(kw)
+        if isinstance(v, list):
+            for i, sub in enumerate(v):
+                yield from _walk(sub, path + (kw, i))
+    for kw in _SUBSCHEMA_KWS:
+        v = schema.get(kw)
+        if isinstance(v, dict):
+            yield from _walk(v, path + (kw,))
+        elif isinstance(v, list) and kw in ("items", "additionalItems"):
+            for i, sub in enumerate(v):
+                yield from _walk(sub, path + (kw, i))
+
+
+def _fmt_path(path: tuple) -> str:
+    return "#/" + "/".join(str(p) for p in path) if path else "#"
+
+
+def make_validator(schema: Any) -> Any:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
+    try:
+        errs = list(validator.iter_errors(instance))
+    except jsonschema.exceptions._WrappedReferencingError as e:  # type: ignore[attr-defined]
+        raise UnsupportedKeywordError(f"cannot resolve $ref: {e}", keywords=["$ref"]) from None
+    return [(tuple(e.absolute_path), e.message) for e in errs]
+
+
+def _check_metaschema(schema: Any) -> None:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as e:
+        raise SchemaError(f"invalid JSON Schema at {_fmt_path(tuple(e.absolute_path))}: {e.message}") from None
+
+
+def _resolve_pointer(root: Any, ref: str) -> bool:
+    frag = ref[1:]
+    if not frag:
+        return True
+    if not frag.startswith("/"):
+        # plain-name fragment: an $anchor somewhere
+        return any(s.get("$anchor") == frag or s.get("$dynamicAnchor") == frag for _, s in _walk(root))
+    cur = root
+    for part in frag[1:].split("/"):
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
+            cur = cur[int(part)]
+        else:
+            return False
+    return True
+
+
+def _all_refs(schema: Any, path: tuple = ()) -> Iterator[tuple[tuple, str]]:
+    if isinstance(schema, dict):
+        for k, v in schema.items():
+            if k in ("$ref", "$dynamicRef") and isinstance(v, str):
+                yield path + (k,), v
+            elif k not in ("enum", "const", "default", "examples"):
+                yield from _all_refs(v, path + (k,))
+    elif isinstance(schema, list):
+        for i, v in enumerate(schema):
+            yield from _all_refs(v, path + (i,))
+
+
+def _check_refs(schema: Any) -> None:
+    ids = {s.get("$id") for _, s in _walk(schema) if isinstance(s.get("$id"), str)}
+    for path, ref in _all_refs(schema):
+        if ref.startswith("#"):
+            if not _resolve_pointer(schema, ref):
+                raise SchemaError(f"dangling $ref {ref!r} at {_fmt_path(path)}", keywords=["$ref"])
+        else:
+            base = ref.split("#", 1)[0]
+            if not any(i and (i == base or i.rstrip("/").endswith(base.lstrip("./"))) for i in ids):
+                raise UnsupportedKeywordError(
+                    f"remote $ref {ref!r} at {_fmt_path(path)} cannot be resolved offline", keywords=["$ref"])
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_bounds(schema: Any) -> None:
+    pairs = [("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"),
+             ("minContains", "maxContains")]
+    for path, s in _walk(schema):
+        for lo, hi in pairs:
+            if _num(s.get(lo)) and _num(s.get(hi)) and s[lo] > s[hi]:
+                raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: {lo} ({s[lo]}) > {hi} ({s[hi]})",
+                                  keywords=[lo, hi])
+        lo = [v for v in (s.get("minimum"), s.get("exclusiveMinimum")) if _num(v)]
+        hi = [v for v in (s.get("maximum"), s.get("exclusiveMaximum")) if _num(v)]
+        if lo and hi:
+            mn, mx = max(lo), min(hi)
+            strict_ = (_num(s.get("exclusiveMinimum")) and s["exclusiveMinimum"] == mn) or \
+                      (_num(s.get("exclusiveMaximum")) and s["exclusiveMaximum"] == mx)
+            if mn > mx or (mn == mx and strict_):
+                raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: minimum {mn} > maximum {mx}",
+                                  keywords=["minimum", "maximum"])
+        if "enum" in s and isinstance(s["enum"], list) and not s["enum"]:
+            raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: empty enum", keywords=["enum"])
+        if s.get("type") == []:
+            raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: empty type list", keywords=["type"])
+
+
+def _grammar_copy(schema: Any) -> Any:
+    """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only."""
+    g = copy.deepcopy(schema)
+    for _, s in _walk(g):
+        for kw, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if isinstance(s.get(kw), bool):  # draft-4 boolean form
+                flag = s.pop(kw)
+                if flag and _num(s.get(bound)):
+                    s[kw] = s.pop(bound)
+        if isinstance(s.get("items"), list):  # draft-7 tuple form
+            s["prefixItems"] = s.pop("items")
+            if "additionalItems" in s:
+                s["items"] = s.pop("additionalItems")
+        if "dependencies" in s and isinstance(s["dependencies"], dict):
+            s.pop("dependencies")  # validated
+    return g
+
+
+_REGEX_ERR = re.compile(r"regex parse error:\n {4}(.*?)\n {4}\^")
+_UNIMPL = re.compile(r"Unimplemented keys: \[(.*?)\]")
+_UNKNOWN_FMT = re.compile(r"Unknown format: (\S+)")
+
+
+def _regex_ok(p: str) -> bool:
+    g = llg.LLMatcher.grammar_from_regex(p)
+    return not llg.LLMatcher.validate_grammar(g)
+
+
+def _relax_pattern(g: Any, bad: str | None) -> list[str]:
+    """Remove unsupported ``pattern`` / ``patternProperties`` regexes from the grammar copy."""
+    removed: list[str] = []
+    for _, s in _walk(g):
+        p = s.get("pattern")
+        if isinstance(p, str) and ((bad is not None and p == bad) or (bad is None and not _regex_ok(p))):
+            s.pop("pattern")
+            removed.append("pattern")
+        pp = s.get("patternProperties")
+        if isinstance(pp, dict):
+            for k in list(pp):
+                if (bad is not None and k == bad) or (bad is None and not _regex_ok(k)):
+                    pp.pop(k)
+                    # names that matched k now fall to additionalProperties: open it up
+                    s["additionalProperties"] = True
+                    removed.append("patternProperties")
+        pn = s.get("propertyNames")
+        if isinstance(pn, dict) and isinstance(pn.get("pattern"), str) and pn["pattern"] == bad:
+            s.pop("propertyNames")
+            removed.append("propertyNames")
+    return removed
+
+
+def _uses(schema: Any, kw: str) -> bool:
+    return any(kw in s for _, s in _walk(schema))
+
+
+def json_options(whitespace: str, separators: tuple[str, str] | None) -> dict:
+    if whitespace not in ("compact", "model", "flexible"):
+        raise ValueError(f"whitespace must be 'compact', 'model' or 'flexible', not {whitespace!r}")
+    opts: dict = {"whitespace_flexible": whitespace != "compact"}
+    item, key = separators if separators else (",", ":")
+    opts["item_separator"] = item
+    opts["key_separator"] = key
+    return opts
+
+
+def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whitespace: str = "compact",
+                        separators: tuple[str, str] | None = None, limits: Any = None) -> JsonPlan:
+    if isinstance(schema, (str, bytes)):
+        try:
+            schema = json.loads(schema)
+        except ValueError as e:
+            raise SchemaError(f"schema is not valid JSON: {e}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError(f"a JSON Schema must be an object or a boolean, not {type(schema).__name__}")
+    try:
+        schema = json.loads(json.dumps(schema))
+    except (TypeError, ValueError) as e:
+        raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
+    if schema is False:
+        raise SchemaError("unsatisfiable schema: false")
+    _check_metaschema(schema)
+    if isinstance(schema, dict):
+        _check_refs(schema)
+        _check_bounds(schema)
+    g = _grammar_copy(schema) if isinstance(schema, dict) else {}
+    semantic: list[str] = []
+    if isinstance(schema, dict) and _uses(schema, "dependencies"):
+        semantic.append("dependencies")
+    opts = dict(json_options(whitespace, separators), lenient=True)
+    warnings: list[str] = []
+    for _attempt in range(32):
+        grammar = llg.LLMatcher.grammar_from_json_schema(g, defaults=opts)
+        is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltok, limits=limits)
+        if not is_err:
+            warnings = list(msgs)
+            break
+        msg = msgs[0] if msgs else "unknown error"
+        if "oneOf constraints are not supported" in msg and not opts.get("coerce_one_of"):
+            opts["coerce_one_of"] = True
+            semantic.append("oneOf")
+            continue
+        m = _REGEX_ERR.search(msg)
+        if m or "regex parse error" in msg:
+            removed = _relax_pattern(g, m.group(1) if m else None)
+            if not removed and m:
+                removed = _relax_pattern(g, None)
+            if removed:
+                semantic.extend(removed)
+                continue
+        if "Unsatisfiable schema" in msg or "unsatisfiable" in msg.lower():
+            raise SchemaError(f"unsatisfiable schema: {msg}")
+        if "does not exist" in msg and "Pointer" in msg:
+            raise SchemaError(f"dangling $ref: {msg}", keywords=["$ref"])
+        low = msg.lower()
+        if any(w in low for w in ("limit", "fuel", "too many", "too complex", "too large", "max_")):
+            raise ConstraintCompileTimeout(f"JSON schema exceeds the compile limits: {msg}")
+        raise SchemaError(f"the schema cannot be compiled to a grammar: {msg}")
+    else:  # pragma: no cover
+        raise ConstraintCompileTimeout("schema relaxation did not converge")
+    for w in warnings:
+        m = _UNIMPL.search(w)
+        if m:
+            semantic.extend(json.loads("[" + m.group(1) + "]"))
+        if "oneOf" in w and "anyOf" in w:
+            semantic.append("oneOf")
+        m = _UNKNOWN_FMT.search(w)
+        if m:
+            semantic.append("format")
+    semantic = sorted(set(semantic), key=semantic.index)
+    if strict and semantic:
+        raise SchemaError(
+            f"strict=True: keywords not enforceable by the grammar: {', '.join(semantic)}", keywords=semantic)
+    return JsonPlan(schema=schema, grammar_schema=g, grammar=grammar, semantic_keywords=semantic,
+                    warnings=warnings)

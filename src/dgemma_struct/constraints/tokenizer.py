@@ -1,0 +1,236 @@
+"""Build (and cache) the llguidance ``LLTokenizer`` for a Hugging Face fast tokenizer.
+
+The vocabulary is rebuilt from the raw token bytes:
+
+* byte-level BPE (GPT-2 / Qwen / Llama-3 style): each vocab string is mapped back to bytes
+  through the GPT-2 ``bytes_to_unicode`` table;
+* SentencePiece-style BPE (Gemma): ``▁`` -> space and ``<0xNN>`` byte-fallback tokens;
+* anything else falls back to ``llguidance.hf.from_tokenizer`` (the Rust reader of
+  ``tokenizer.json``).
+
+Added / special tokens (pad, bos, ``<start_of_turn>``, image tokens, ...) become llguidance
+*special* tokens (bytes ``b"\\xff" + name``) that no JSON / regex / choice grammar can produce.
+The stop ids (EOS plus ``<end_of_turn>`` when present) are passed as llguidance's EOS set, so
+any of them is accepted wherever EOS is.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Sequence
+
+import llguidance as llg
+from llguidance import TokenizerWrapper
+
+__all__ = ["TokenizerInfo", "get_tokenizer_info", "default_stop_token_ids", "tokenizer_from_tiktoken"]
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """An llguidance tokenizer plus the facts the constraint layer needs about it."""
+
+    lltok: Any  # llguidance.LLTokenizer
+    vocab_size: int  # mask width in tokens (>= tokenizer length; model vocab when given)
+    stop_token_ids: tuple[int, ...]
+    special_token_ids: frozenset[int]  # every special id (including stop ids)
+    key: str  # stable cache key (vocab hash + options)
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.stop_token_ids[0]
+
+    @property
+    def forbidden_token_ids(self) -> frozenset[int]:
+        """Special ids that a mask must never allow (everything special except stop ids)."""
+        return self.special_token_ids - frozenset(self.stop_token_ids)
+
+
+def default_stop_token_ids(hf_tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    eos = getattr(hf_tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.append(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.extend(int(x) for x in eos)
+    try:
+        vocab = hf_tokenizer.get_vocab()
+    except Exception:  # pragma: no cover
+        vocab = {}
+    for name in ("<end_of_turn>",):
+        tid = vocab.get(name)
+        if tid is not None and tid not in ids:
+            ids.append(int(tid))
+    if not ids:
+        raise ValueError("tokenizer has no eos_token_id; pass stop_token_ids=")
+    return ids
+
+
+def _special_ids(hf_tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    try:
+        for tid, tok in hf_tokenizer.added_tokens_decoder.items():
+            ids.add(int(tid))
+    except Exception:
+        pass
+    for tid in getattr(hf_tokenizer, "all_special_ids", []) or []:
+        if tid is not None:
+            ids.add(int(tid))
+    return ids
+
+
+def _token_bytes(hf_tokenizer: Any, specials: set[int]) -> list[bytes] | None:
+    vocab: dict[str, int] = hf_tokenizer.get_vocab()
+    n = max(vocab.values()) + 1 if vocab else 0
+    n = max(n, len(hf_tokenizer))
+    strs: list[str | None] = [None] * n
+    for s, i in vocab.items():
+        strs[i] = s
+    normal = [s for i, s in enumerate(strs) if s is not None and i not in specials]
+    bd = _byte_decoder()
+    sample = normal[: 5000]
+    byte_level = sample and all(all(ch in bd for ch in s) for s in sample)
+    sentencepiece = not byte_level and any("▁" in s for s in sample)
+    if not byte_level and not sentencepiece:
+        return None
+    out: list[bytes] = []
+    for i, s in enumerate(strs):
+        if s is None:
+            out.append(b"\xff<unused_%d>" % i)
+            specials.add(i)
+        elif i in specials:
+            out.append(b"\xff" + s.encode("utf-8"))
+        elif byte_level:
+            try:
+                out.append(bytes(bd[ch] for ch in s))
+            except KeyError:  # a stray non-byte-level added token
+                out.append(s.encode("utf-8"))
+        else:
+            if len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+                try:
+                    out.append(bytes([int(s[3:5], 16)]))
+                    continue
+                except ValueError:
+                    pass
+            out.append(s.replace("▁", " ").encode("utf-8"))
+    return out
+
+
+class _Wrapper(TokenizerWrapper):
+    """The tokenizer object ``llguidance.LLTokenizer`` accepts, built from raw token bytes."""
+
+    def __init__(self, hf_tokenizer: Any, tokens: list[bytes], specials: Sequence[int], eos: int):
+        self.is_tokenizer_wrapper = True
+        self._accepts_bytes = False
+        self._gtokenizer = self
+        self.eos_token_id = eos
+        self.bos_token_id = getattr(hf_tokenizer, "bos_token_id", None)
+        self.tokens = tokens
+        self.special_token_ids = sorted(specials)
+        self._hf = hf_tokenizer
+
+    def _encode_string(self, s: Any) -> list[int]:
+        if isinstance(s, bytes):
+            s = s.decode("utf-8", errors="replace")
+        return self._hf.encode(s, add_special_tokens=False)
+
+    __call__ = _encode_string
+
+
+_lock = threading.Lock()
+_by_id: dict[int, tuple[Any, str]] = {}  # id(hf) -> (weakref, vocab hash)
+_infos: dict[tuple, TokenizerInfo] = {}
+
+
+def _vocab_hash(hf_tokenizer: Any) -> str:
+    key = _by_id.get(id(hf_tokenizer))
+    if key is not None and key[0]() is hf_tokenizer:
+        return key[1]
+    h = hashlib.sha1()
+    vocab = hf_tokenizer.get_vocab()
+    for s, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+        h.update(b"%d:" % i)
+        h.update(s.encode("utf-8", "surrogatepass"))
+    h.update(repr(sorted(_special_ids(hf_tokenizer))).encode())
+    digest = h.hexdigest()[:16]
+    try:
+        ref = weakref.ref(hf_tokenizer, lambda _r, k=id(hf_tokenizer): _by_id.pop(k, None))
+    except TypeError:  # not weak-referenceable: keep a strong reference
+        ref = (lambda obj: (lambda: obj))(hf_tokenizer)
+    _by_id[id(hf_tokenizer)] = (ref, digest)
+    return digest
+
+
+def get_tokenizer_info(hf_tokenizer: Any, stop_token_ids: Sequence[int] | None = None,
+                       vocab_size: int | None = None) -> TokenizerInfo:
+    """Return the (cached) :class:`TokenizerInfo` for ``hf_tokenizer``.
+
+    ``hf_tokenizer`` may also be a :class:`TokenizerInfo` (returned as is) or an
+    ``llguidance.LLTokenizer`` (wrapped; its EOS set is used as the stop ids)."""
+    if isinstance(hf_tokenizer, TokenizerInfo):
+        return hf_tokenizer
+    if isinstance(hf_tokenizer, llg.LLTokenizer):
+        return _info_from_lltok(hf_tokenizer, stop_token_ids)
+    with _lock:
+        stops = tuple(int(x) for x in (stop_token_ids if stop_token_ids is not None
+                                       else default_stop_token_ids(hf_tokenizer)))
+        if not stops:
+            raise ValueError("stop_token_ids must not be empty")
+        vh = _vocab_hash(hf_tokenizer)
+        ck = (vh, stops, vocab_size)
+        info = _infos.get(ck)
+        if info is not None:
+            return info
+        specials = _special_ids(hf_tokenizer)
+        tokens = _token_bytes(hf_tokenizer, specials)
+        specials |= set(stops)
+        if tokens is not None:
+            n = len(tokens)
+            if vocab_size is not None and vocab_size > n:
+                tokens = tokens + [b"\xff<pad_vocab_%d>" % i for i in range(n, vocab_size)]
+                specials |= set(range(n, vocab_size))
+            lltok = llg.LLTokenizer(_Wrapper(hf_tokenizer, tokens, sorted(specials), stops[0]),
+                                    eos_token=list(stops))
+        else:  # pragma: no cover - exotic tokenizers
+            from llguidance.hf import from_tokenizer
+            lltok = from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=list(stops))
+            specials |= {i for i in range(lltok.vocab_size) if lltok.is_special_token(i)}
+        info = TokenizerInfo(lltok=lltok, vocab_size=int(lltok.vocab_size), stop_token_ids=stops,
+                             special_token_ids=frozenset(specials), key=f"{vh}:{stops}:{vocab_size}")
+        if len(_infos) > 16:
+            _infos.pop(next(iter(_infos)))
+        _infos[ck] = info
+        return info
+
+
+def _info_from_lltok(lltok: Any, stop_token_ids: Sequence[int] | None) -> TokenizerInfo:
+    stops = tuple(int(x) for x in (stop_token_ids or lltok.eos_tokens or [lltok.eos_token]))
+    if set(stops) != set(lltok.eos_tokens):
+        raise ValueError("for an LLTokenizer, stop_token_ids must equal its eos_tokens")
+    specials = frozenset(i for i in range(lltok.vocab_size) if lltok.is_special_token(i)) | set(stops)
+    return TokenizerInfo(lltok=lltok, vocab_size=int(lltok.vocab_size), stop_token_ids=stops,
+                         special_token_ids=frozenset(specials), key=f"lltok:{id(lltok)}:{stops}")
+
+
+def tokenizer_from_tiktoken(encoding: Any, stop_token_ids: Sequence[int] | None = None) -> TokenizerInfo:
+    """A :class:`TokenizerInfo` from a ``tiktoken.Encoding`` (used by the benchmarks)."""
+    from llguidance.tiktoken import lltokenizer_from_encoding
+    stops = list(stop_token_ids) if stop_token_ids else [encoding.eot_token]
+    lltok = lltokenizer_from_encoding(encoding, eos_token=stops)
+    return _info_from_lltok(lltok, stops)
