@@ -126,7 +126,7 @@ class _Session:
 
     def _check_deadline(self) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
-            raise GenerationTimeout("generation exceeded its timeout", )
+            raise GenerationTimeout("generation exceeded its timeout")
 
     def text_of(self, tokens: list[int]) -> str:
         return self.rt.tokenizer.decode(tokens, skip_special_tokens=False)
@@ -139,18 +139,19 @@ class _Session:
         pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
         return tokens[:char_to_token_index(pieces, offset)]
 
-    def solve(self) -> GenerationResult:
-        t0 = time.perf_counter()
+    def solve(self, first: _Attempt | None = None, t0: float | None = None) -> GenerationResult:
+        """Attempt 0, then up to ``max_repairs`` repairs, then the AR fallback. ``first`` is an
+        attempt 0 already run (by a batched loop)."""
+        t0 = time.perf_counter() if t0 is None else t0
         prefix: list[int] = []
         last: _Attempt | None = None
         for attempt in range(self.max_repairs + 1):
-            last = self.run(prefix, self.mode, attempt)
+            self.stats.repairs = attempt
+            last = first if (attempt == 0 and first is not None) else self.run(prefix, self.mode, attempt)
             outcome = self.check(last)
             if outcome is not None:
                 return self.finish(last, outcome, t0)
-            self.stats.repairs += attempt > 0
             prefix = self.next_prefix(last)
-        self.stats.repairs = self.max_repairs
         if self.fallback and self.mode == "diffusion":
             self.stats.fallback = True
             last = self.run(prefix, "ar", self.max_repairs + 1)
@@ -163,6 +164,7 @@ class _Session:
             self.stats.finish_reason = "length"
             raise LengthError(f"the output could not be completed within max_new_tokens={self.max_new}; "
                               f"nothing truncated was returned", partial_text=partial, stats=self.stats)
+        self.stats.finish_reason = "error"
         raise GenerationFailed("no valid output after {} repairs{}: {}".format(
             self.max_repairs, " and the AR fallback" if self.stats.fallback else "", "; ".join(self.errors[-3:])),
             errors=self.errors, partial_text=partial, stats=self.stats)
@@ -295,44 +297,12 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                 [guide.dead_end[j]]
             attempt = sess.absorb(results[j], single, [])
             try:
-                outcome = sess.check(attempt)
-                if outcome is not None:
-                    res = sess.finish(attempt, outcome, t0)
-                else:
-                    sess.max_repairs = max(0, sess.max_repairs - 1)
-                    res = _continue(sess, attempt)
-                out[i] = res
+                out[i] = sess.solve(first=attempt, t0=t0)
             except DgemmaStructError as err:
                 if not return_exceptions:
                     raise
                 out[i] = err
     return out
-
-
-def _continue(sess: _Session, first: _Attempt) -> GenerationResult:
-    """Repairs after a failed first (batched) attempt."""
-    sess.stats.repairs = 1
-    prefix = sess.next_prefix(first)
-    sess_prefix_run = sess.run
-    t0 = time.perf_counter()
-    for attempt in range(1, sess.max_repairs + 2):
-        last = sess_prefix_run(prefix, sess.mode, attempt)
-        outcome = sess.check(last)
-        if outcome is not None:
-            return sess.finish(last, outcome, t0)
-        sess.stats.repairs += 1
-        prefix = sess.next_prefix(last)
-    sess.max_repairs = 0
-    sess.stats.repairs -= 1
-    # fall back (or raise) exactly as a single request would
-    if sess.fallback and sess.mode == "diffusion":
-        sess.stats.fallback = True
-        last = sess.run(prefix, "ar", 99)
-        outcome = sess.check(last)
-        if outcome is not None:
-            return sess.finish(last, outcome, t0)
-    raise GenerationFailed("no valid output after repairs: " + "; ".join(sess.errors[-3:]), errors=sess.errors,
-                           partial_text=sess.text_of(last.tokens), stats=sess.stats)
 
 
 def generate_json_batch(prompts: Sequence[Prompt], schema: Any, **opts: Any) -> list[Any]:
@@ -390,20 +360,17 @@ def stream(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None
     guide = session.guide_for([])
     rt = session.rt
     final: GenerationResult | None = None
-    for ev in rt.stream(session.prompt_ids, max_new_tokens=max_new_tokens, seed=seed, hook=guide):
+    for ev in rt.stream(prompt_ids=session.prompt_ids, max_new_tokens=max_new_tokens, seed=seed, hook=guide):
         if not ev.done:
             ev.value = partial_json(ev.text) if session.c.kind == "json" else ev.text
             yield ev
         else:
             final = GenerationResult(text=ev.text, token_ids=ev.token_ids)
-    attempt = session.absorb(final, guide, []) if final is not None else None
-    outcome = session.check(attempt) if attempt is not None else None
-    if outcome is None:
-        # finish the request the same way a non-streaming call would (repairs + fallback)
-        session.max_repairs = 1
-        result = session.solve()
-    else:
-        result = session.finish(attempt, outcome, time.perf_counter())
+    if final is None:  # pragma: no cover - the runtime always ends a stream with a done event
+        raise GenerationFailed("the stream ended without a result")
+    attempt = session.absorb(final, guide, [])
+    session.max_repairs = 1  # finish the request as a non-streaming call would: repair, then fall back
+    result = session.solve(first=attempt)
     done = CanvasEvent(row=0, canvas_index=result.stats.canvases - 1, token_ids=result.token_ids, text=result.text,
                        done=True)
     done.value = result.value

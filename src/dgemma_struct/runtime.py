@@ -195,14 +195,16 @@ class DiffusionRuntime:
             results.append(GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=stats))
         return results
 
-    def stream(self, prompt: Prompt, *, max_new_tokens: int = 128, seed: int | None = None,
-               drafts: bool = False, hook: StepHook | None = None) -> Iterator[CanvasEvent]:
+    def stream(self, prompt: Prompt | None = None, *, prompt_ids: Sequence[int] | None = None,
+               max_new_tokens: int = 128, seed: int | None = None, drafts: bool = False,
+               hook: StepHook | None = None) -> Iterator[CanvasEvent]:
         """Yields each committed canvas (and, with ``drafts=True``, each step's draft) as it is
         produced; the last event has ``done=True``. Runs the loop in a worker thread."""
         import queue
 
         q: "queue.Queue[Any]" = queue.Queue()
         committed: list[int] = []
+        encoded = list(prompt_ids) if prompt_ids is not None else self.encode_prompt(prompt)
 
         def on_canvas(i: int, tokens: torch.Tensor) -> None:
             committed.extend(t for t in tokens[0].tolist())
@@ -216,8 +218,8 @@ class DiffusionRuntime:
 
         def work() -> None:
             try:
-                res = self.generate_batch([prompt], max_new_tokens=max_new_tokens, seed=seed, hook=hook,
-                                          on_canvas=on_canvas, on_draft=on_draft if drafts else None)[0]
+                res = self.generate_ids([encoded], max_new_tokens=max_new_tokens, seed=seed, hook=hook,
+                                        on_canvas=on_canvas, on_draft=on_draft if drafts else None)[0]
                 q.put(CanvasEvent(row=0, canvas_index=res.stats.canvases - 1, token_ids=res.token_ids,
                                   text=res.text, done=True))
             except BaseException as err:  # noqa: BLE001 - re-raised in the consumer

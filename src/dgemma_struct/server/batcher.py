@@ -1,0 +1,292 @@
+"""Dynamic batching: requests from the event loop are queued and run, grouped into batched canvas
+loops, by ONE worker thread that owns the model. The event loop never runs model code.
+
+* ``max_batch_size`` / ``max_wait_ms``: the worker takes the first waiting request, then waits up
+  to ``max_wait_ms`` for more, up to ``max_batch_size`` rows, and runs them as one
+  :func:`dgemma_struct.api.generate_batch` call (rows with the same ``max_new_tokens`` and seed share
+  a loop; each row keeps its own constraint).
+* ``max_queue``: a bounded queue; a full queue is refused at once (:class:`QueueFull` -> HTTP 429).
+* Per-request timeouts: a request whose caller gave up (timeout, disconnect) is marked cancelled
+  and dropped when the worker reaches it; a batch already running is bounded by the latest
+  deadline of its rows.
+* The worker catches everything: a failing batch fails its own requests, never the thread.
+
+Example::
+
+    batcher = Batcher(runtime, max_batch_size=8, max_wait_ms=10)
+    batcher.start()
+    result = await batcher.submit("Extract ...", constraint, max_new_tokens=64)
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from dgemma_struct import api
+from dgemma_struct.errors import DgemmaStructError, GenerationTimeout
+from dgemma_struct.results import GenerationResult
+from dgemma_struct.runtime import DiffusionRuntime
+
+
+class QueueFull(Exception):
+    """The request queue is full (the server answers 429)."""
+
+
+class ShuttingDown(Exception):
+    """The batcher is stopped (the server answers 503)."""
+
+
+_DONE = object()
+
+
+@dataclass
+class Job:
+    prompt: Any
+    spec: Any                       # a compiled Constraint, any spec generate() accepts, or None (free text)
+    max_new_tokens: int
+    seed: int | None
+    deadline: float                 # time.monotonic()
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future | None = None
+    events: asyncio.Queue | None = None   # streaming jobs
+    cancelled: bool = False
+    enqueued: float = field(default_factory=time.monotonic)
+
+    @property
+    def streaming(self) -> bool:
+        return self.events is not None
+
+    def _post(self, fn, *args) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:   # the loop is closed: nobody is waiting any more
+            pass
+
+    def resolve(self, value: Any) -> None:
+        def _set(fut: asyncio.Future, v: Any) -> None:
+            if not fut.done():
+                if isinstance(v, BaseException):
+                    fut.set_exception(v)
+                else:
+                    fut.set_result(v)
+        if self.future is not None:
+            self._post(_set, self.future, value)
+
+    def push(self, item: Any) -> None:
+        if self.events is not None:
+            self._post(self.events.put_nowait, item)
+
+
+class Batcher:
+    """Owns one runtime and one worker thread; see the module docstring."""
+
+    def __init__(self, runtime: DiffusionRuntime, *, max_batch_size: int = 8, max_wait_ms: float = 10.0,
+                 max_queue: int = 64, max_repairs: int = 2):
+        if max_batch_size < 1 or max_queue < 1:
+            raise ValueError("max_batch_size and max_queue must be >= 1")
+        self.runtime = runtime
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_repairs = max_repairs
+        self._q: "queue.Queue[Job]" = queue.Queue(maxsize=max_queue)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.counters = {"batches": 0, "rows": 0, "largest_batch": 0, "dropped": 0, "streams": 0, "errors": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "Batcher":
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="dgemma-struct-worker", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        while True:  # fail whatever is still queued
+            try:
+                job = self._q.get_nowait()
+            except queue.Empty:
+                break
+            self._fail(job, ShuttingDown("the server is shutting down"))
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._q.qsize()
+
+    # ------------------------------------------------------------------ event-loop side
+    def _enqueue(self, job: Job) -> None:
+        if not self.alive:
+            raise ShuttingDown("the generation worker is not running")
+        try:
+            self._q.put_nowait(job)
+        except queue.Full:
+            raise QueueFull(f"the request queue is full ({self._q.maxsize} waiting); retry later") from None
+
+    async def submit(self, prompt: Any, spec: Any, *, max_new_tokens: int, seed: int | None = 0,
+                     timeout_s: float = 60.0) -> GenerationResult:
+        """Queue one request and wait for its result; raises the row's typed error,
+        :class:`QueueFull`, or :class:`GenerationTimeout` after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        job = Job(prompt, spec, max_new_tokens, seed, time.monotonic() + timeout_s, loop, future=loop.create_future())
+        self._enqueue(job)
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future), timeout_s)
+        except asyncio.TimeoutError:
+            raise GenerationTimeout(f"the request did not finish within {timeout_s:g} s") from None
+        finally:
+            job.cancelled = True   # no-op when done; drops it from the queue otherwise
+
+    async def stream(self, prompt: Any, spec: Any, *, max_new_tokens: int, seed: int | None = 0,
+                     timeout_s: float = 60.0) -> AsyncIterator[Any]:
+        """Queue a streaming request; yields :class:`~dgemma_struct.results.CanvasEvent` objects,
+        the last with ``done=True``. Typed errors are raised from the iterator. Closing the
+        iterator early (client disconnect) cancels the request without touching the worker."""
+        loop = asyncio.get_running_loop()
+        job = Job(prompt, spec, max_new_tokens, seed, time.monotonic() + timeout_s, loop, events=asyncio.Queue())
+        self._enqueue(job)
+        try:
+            while True:
+                left = job.deadline - time.monotonic()
+                if left <= 0:
+                    raise GenerationTimeout(f"the request did not finish within {timeout_s:g} s")
+                try:
+                    item = await asyncio.wait_for(job.events.get(), left)
+                except asyncio.TimeoutError:
+                    raise GenerationTimeout(f"the request did not finish within {timeout_s:g} s") from None
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            job.cancelled = True
+
+    # ------------------------------------------------------------------ worker side
+    def _fail(self, job: Job, err: BaseException) -> None:
+        if job.streaming:
+            job.push(err)
+        else:
+            job.resolve(err)
+
+    def _collect(self) -> list[Job]:
+        try:
+            first = self._q.get(timeout=0.1)
+        except queue.Empty:
+            return []
+        batch = [first]
+        if first.streaming:
+            return batch
+        end = time.monotonic() + self.max_wait_s
+        while len(batch) < self.max_batch_size:
+            left = end - time.monotonic()
+            try:
+                job = self._q.get(timeout=left) if left > 0 else self._q.get_nowait()
+            except queue.Empty:
+                break
+            batch.append(job)
+            if job.streaming:
+                break
+        return batch
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = self._collect()
+                if not batch:
+                    continue
+                now = time.monotonic()
+                live = []
+                for job in batch:
+                    if job.cancelled:
+                        self.counters["dropped"] += 1
+                    elif job.deadline <= now:
+                        self.counters["dropped"] += 1
+                        self._fail(job, GenerationTimeout("the request timed out while queued"))
+                    else:
+                        live.append(job)
+                streams = [j for j in live if j.streaming]
+                rows = [j for j in live if not j.streaming]
+                groups: dict[tuple, list[Job]] = {}
+                for j in rows:
+                    groups.setdefault((j.max_new_tokens, j.seed, j.spec is None), []).append(j)
+                for group in groups.values():
+                    self._run_group(group)
+                for j in streams:
+                    self._run_stream(j)
+            except BaseException as err:  # noqa: BLE001 - the worker must survive anything
+                self.counters["errors"] += 1
+                for job in locals().get("batch", []) or []:
+                    self._fail(job, err if isinstance(err, Exception) else RuntimeError(repr(err)))
+
+    def _run_group(self, group: list[Job]) -> None:
+        self.counters["batches"] += 1
+        self.counters["rows"] += len(group)
+        self.counters["largest_batch"] = max(self.counters["largest_batch"], len(group))
+        timeout = max(0.001, max(j.deadline for j in group) - time.monotonic())
+        first = group[0]
+        try:
+            if first.spec is None:
+                results = self._free_text(group)
+            else:
+                results = api.generate_batch([j.prompt for j in group], [j.spec for j in group],
+                                             runtime=self.runtime, max_new_tokens=first.max_new_tokens,
+                                             seed=first.seed, max_repairs=self.max_repairs, timeout_s=timeout,
+                                             return_exceptions=True)
+        except Exception as err:  # noqa: BLE001 - e.g. a batch-wide timeout
+            results = [err] * len(group)
+        for job, res in zip(group, results):
+            if not job.cancelled:
+                job.resolve(res)
+
+    def _free_text(self, group: list[Job]) -> list[Any]:
+        """Unconstrained rows (``response_format`` ``text``)."""
+        rt = self.runtime
+        out: list[Any] = [None] * len(group)
+        encoded = []
+        for i, j in enumerate(group):
+            try:
+                ids = rt.encode_prompt(j.prompt)
+                rt._batch([ids], j.max_new_tokens)
+                encoded.append((i, ids))
+            except DgemmaStructError as err:
+                out[i] = err
+        if encoded:
+            res = rt.generate_ids([ids for _, ids in encoded], max_new_tokens=group[0].max_new_tokens,
+                                  seed=group[0].seed)
+            for (i, _), r in zip(encoded, res):
+                r.value = r.text
+                out[i] = r
+        return out
+
+    def _run_stream(self, job: Job) -> None:
+        self.counters["streams"] += 1
+        timeout = max(0.001, job.deadline - time.monotonic())
+        try:
+            if job.spec is None:
+                gen = self.runtime.stream(job.prompt, max_new_tokens=job.max_new_tokens, seed=job.seed)
+            else:
+                gen = api.stream(job.prompt, job.spec, runtime=self.runtime, max_new_tokens=job.max_new_tokens,
+                                 seed=job.seed, timeout_s=timeout)
+            try:
+                for ev in gen:
+                    if job.cancelled:
+                        return
+                    if ev.done and job.spec is None:
+                        ev.value = ev.text
+                    job.push(ev)
+            finally:
+                gen.close()
+            job.push(_DONE)
+        except Exception as err:  # noqa: BLE001 - delivered to the request
+            job.push(err)

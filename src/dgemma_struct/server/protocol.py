@@ -1,0 +1,157 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic models; unknown OpenAI fields are
+accepted and ignored) and the translation of ``response_format`` / vLLM-style
+``structured_outputs`` / ``guided_*`` fields into a dgemma-struct spec."""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dgemma_struct.constraints import Choice, Grammar, Regex
+
+from .errors import APIError
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Open):
+    type: str = "text"
+    text: Optional[str] = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+
+
+class JsonSchemaFormat(_Open):
+    name: Optional[str] = Field(default=None, max_length=256)
+    description: Optional[str] = None
+    schema_: Optional[Union[dict[str, Any], bool]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class StructuredOutputs(_Open):
+    """vLLM's ``structured_outputs`` extra body field: exactly one of these."""
+
+    json_: Optional[Union[dict[str, Any], str, bool]] = Field(default=None, alias="json")
+    regex: Optional[str] = None
+    grammar: Optional[str] = None
+    choice: Optional[list[str]] = None
+    json_object: Optional[bool] = None
+
+
+class _Common(_Open):
+    model: Optional[str] = Field(default=None, max_length=256)
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputs] = None
+    guided_json: Optional[Union[dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    seed: Optional[int] = Field(default=None, ge=-(2 ** 63), le=2 ** 64 - 1)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    n: Optional[int] = Field(default=1, ge=1)
+    stream: Optional[bool] = False
+    stream_options: Optional[dict[str, Any]] = None
+    user: Optional[str] = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: Optional[bool] = None
+    tools: Optional[list[dict[str, Any]]] = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str]]
+    echo: Optional[bool] = None
+    logprobs: Optional[int] = None
+
+
+def _schema_arg(value: Any, param: str) -> Any:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise APIError(400, f"{param} is not valid JSON: {err}", param=param, code="invalid_schema") from None
+    if value is True:
+        return {}
+    if not isinstance(value, dict):
+        raise APIError(400, f"{param} must be a JSON Schema object", param=param, code="invalid_schema")
+    return value
+
+
+def spec_of(req: _Common) -> tuple[Any, str | None]:
+    """The spec a request asks for, and the name of the body field it came from (``None`` spec =
+    free text). More than one constraint in one request is a 400."""
+    found: list[tuple[Any, str]] = []
+    rf = req.response_format
+    if rf is not None and rf.type != "text":
+        if rf.type == "json_object":
+            found.append(({"type": "object"}, "response_format"))
+        else:
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise APIError(400, "response_format.json_schema.schema is required for type 'json_schema'",
+                               param="response_format.json_schema.schema", code="invalid_schema")
+            found.append((_schema_arg(rf.json_schema.schema_, "response_format.json_schema.schema"),
+                          "response_format"))
+    so = req.structured_outputs
+    if so is not None:
+        given = [k for k in ("json_", "regex", "grammar", "choice") if getattr(so, k) is not None]
+        if so.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            raise APIError(400, "structured_outputs needs exactly one of json, regex, grammar, choice, json_object"
+                                f" (got {len(given)})", param="structured_outputs", code="invalid_constraint")
+        k = given[0]
+        if k == "json_":
+            found.append((_schema_arg(so.json_, "structured_outputs.json"), "structured_outputs.json"))
+        elif k == "json_object":
+            found.append(({"type": "object"}, "structured_outputs.json_object"))
+        elif k == "regex":
+            found.append((Regex(so.regex), "structured_outputs.regex"))
+        elif k == "grammar":
+            found.append((Grammar(so.grammar), "structured_outputs.grammar"))
+        else:
+            found.append((Choice(list(so.choice)), "structured_outputs.choice"))
+    if req.guided_json is not None:
+        found.append((_schema_arg(req.guided_json, "guided_json"), "guided_json"))
+    if req.guided_regex is not None:
+        found.append((Regex(req.guided_regex), "guided_regex"))
+    if req.guided_choice is not None:
+        found.append((Choice(list(req.guided_choice)), "guided_choice"))
+    if req.guided_grammar is not None:
+        found.append((Grammar(req.guided_grammar), "guided_grammar"))
+    if len(found) > 1:
+        raise APIError(400, "give one output constraint per request; got " + ", ".join(p for _, p in found),
+                       param=found[1][1], code="invalid_constraint")
+    return found[0] if found else (None, None)
+
+
+def prompt_of_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    out = []
+    for i, m in enumerate(messages):
+        if isinstance(m.content, list):
+            texts = []
+            for part in m.content:
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"messages[{i}]: only text content parts are supported (got {part.type!r})",
+                                   param=f"messages.{i}.content", code="unsupported_content")
+                texts.append(part.text)
+            content = "".join(texts)
+        else:
+            content = m.content or ""
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    return out

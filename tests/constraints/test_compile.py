@@ -1,0 +1,222 @@
+"""compile_constraint: every spec kind, typed errors, keyword split, options, cache."""
+from __future__ import annotations
+
+import enum
+import json
+import typing
+
+import pytest
+from pydantic import BaseModel, Field
+
+from dgemma_struct.constraints import (Choice, Constraint, Grammar, JsonSchema, Regex, builtin_grammars,
+                                       compile_constraint)
+from dgemma_struct.errors import (ChoiceError, ConstraintCompileTimeout, ConstraintError, GrammarError, RegexError,
+                                  SchemaError, UnsupportedKeywordError)
+
+
+class Address(BaseModel):
+    city: str
+    zip: str = Field(pattern=r"^[0-9]{5}$")
+
+
+class Person(BaseModel):
+    name: str
+    age: int = Field(ge=0, le=150)
+    tags: list[str] = Field(default_factory=list, max_length=3)
+    address: Address
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+def test_pydantic_model(hf_tok):
+    c = compile_constraint(Person, tokenizer=hf_tok)
+    assert isinstance(c, Constraint) and c.kind == "json"
+    assert c.schema["title"] == "Person"
+    good = '{"name":"Al","age":3,"tags":["x"],"address":{"city":"P","zip":"12345"}}'
+    assert c.matches(good)
+    out = c.validate_text(good)
+    assert out.ok and isinstance(out.value, Person) and out.value.address.zip == "12345"
+    assert not c.matches(good.replace('"age":3', '"age":-3'))
+    assert not c.matches(good.replace("12345", "1234"))
+    assert not c.matches(good.replace('{"name"', '{ "name"'))  # compact whitespace
+    bad = c.validate_text(good.replace('"age":3', '"age":200'))
+    assert not bad.ok and bad.errors and bad.errors[0].path == ("age",)
+    assert c.vocab_size == len(hf_tok) and c.stop_token_ids == (1, 4)
+    assert c.new_matcher() is not None
+
+
+def test_json_schema_dict_and_wrapper(hf_tok):
+    s = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    c1 = compile_constraint(s, tokenizer=hf_tok)
+    c2 = compile_constraint(JsonSchema(json.dumps(s)), tokenizer=hf_tok)
+    for c in (c1, c2):
+        assert c.matches('{"n":5}') and not c.matches('{"n":"5"}') and not c.matches('{}')
+        assert c.validate_text('{"n":5}').value == {"n": 5}
+
+
+def test_python_types_literal_enum(hf_tok):
+    assert compile_constraint(int, tokenizer=hf_tok).matches("-12")
+    c = compile_constraint(list[str], tokenizer=hf_tok)
+    assert c.matches('["a","b"]') and not c.matches('["a",1]')
+    assert c.validate_text('["a"]').value == ["a"]
+    lit = compile_constraint(typing.Literal["yes", "no"], tokenizer=hf_tok)
+    assert lit.kind == "choice" and lit.matches("yes") and not lit.matches("maybe")
+    en = compile_constraint(Color, tokenizer=hf_tok)
+    assert en.kind == "choice" and en.matches("red") and not en.matches("RED")
+
+
+def test_regex_choice_grammar(hf_tok):
+    r = compile_constraint(Regex(r"[0-9]{3}-[a-z]+"), tokenizer=hf_tok)
+    assert r.kind == "regex" and r.matches("123-abc") and not r.matches("12-abc")
+    assert r.validate_text("123-abc").value == "123-abc"
+    ch = compile_constraint(Choice(["a|b", 'say "hi"', "x.y"]), tokenizer=hf_tok)
+    assert ch.kind == "choice"
+    assert ch.matches("a|b") and ch.matches('say "hi"') and ch.matches("x.y")
+    assert not ch.matches("a") and not ch.matches("xzy")
+    g = compile_constraint(Grammar('start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]+/'), tokenizer=hf_tok)
+    assert g.kind == "grammar" and g.matches("(1,22)") and not g.matches("(1,)")
+
+
+def test_builtin_grammars(hf_tok):
+    names = builtin_grammars()
+    assert {"arithmetic", "key_value"} <= set(names)
+    a = compile_constraint(Grammar("arithmetic"), tokenizer=hf_tok)
+    assert a.matches("1+2*(3-4.5)/-6") and not a.matches("1+*2")
+    kv = compile_constraint(Grammar(names["key_value"]), tokenizer=hf_tok)
+    assert kv.matches('name=Alice, age=42, city="New York"') and not kv.matches("name=")
+
+
+def test_lark_grammar_files(hf_tok, data_dir):
+    p = data_dir / "lark-grammars" / "outlines" / "src" / "outlines" / "grammars" / "arithmetic.lark"
+    if not p.exists():
+        pytest.skip("outlines arithmetic.lark missing")
+    try:
+        c = compile_constraint(Grammar(p), tokenizer=hf_tok)
+    except GrammarError as e:  # %import of a sibling file is not supported: must say so
+        assert "import" in str(e).lower() or "not supported" in str(e).lower()
+    else:
+        assert c.kind == "grammar"
+
+
+@pytest.mark.parametrize("spec,exc", [
+    ({"type": "nonsense"}, SchemaError),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, SchemaError),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, SchemaError),
+    ({"type": "integer", "minimum": 5, "maximum": 2}, SchemaError),
+    ({"type": "array", "minItems": 3, "maxItems": 1}, SchemaError),
+    ({"enum": []}, SchemaError),
+    ({"$ref": "http://example.com/remote.json"}, UnsupportedKeywordError),
+    (Regex("a(b"), RegexError),
+    (Regex("(?=a)b"), RegexError),
+    (Grammar("start: ( 'a'"), GrammarError),
+    (Grammar(""), GrammarError),
+    (Choice([]), ChoiceError),
+    (Choice(["a", 1]), ChoiceError),
+    (Choice(["a", ""]), ChoiceError),
+    ("just a string", ConstraintError),
+])
+def test_typed_errors(hf_tok, spec, exc):
+    with pytest.raises(exc):
+        compile_constraint(spec, tokenizer=hf_tok, use_cache=False)
+
+
+def test_dangling_ref_mentions_path(hf_tok):
+    with pytest.raises(SchemaError) as ei:
+        compile_constraint({"properties": {"a": {"$ref": "#/$defs/nope"}}}, tokenizer=hf_tok)
+    assert "#/properties/a" in str(ei.value)
+
+
+def test_grammar_error_has_line(hf_tok):
+    with pytest.raises(GrammarError) as ei:
+        compile_constraint(Grammar('start: "a"\nfoo: bar baz\n'), tokenizer=hf_tok)
+    assert "used but not defined" in str(ei.value)
+    with pytest.raises(GrammarError) as ei:
+        compile_constraint(Grammar('start: "a"\n  | "b" )\n'), tokenizer=hf_tok)
+    assert "line 2" in str(ei.value).lower()
+
+
+def test_semantic_keywords_and_strict(hf_tok):
+    s = {"type": "object", "properties": {
+        "xs": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        "k": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+        "f": {"type": "string", "format": "no-such-format"},
+        "p": {"type": "string", "pattern": "^(?!bad).*$"},
+    }, "required": ["xs"]}
+    c = compile_constraint(s, tokenizer=hf_tok)
+    assert {"uniqueItems", "oneOf", "format", "pattern"} <= set(c.semantic_keywords)
+    assert c.matches('{"xs":[1,2]}') and not c.matches('{"xs":[1,1]}')
+    assert c.matches('{"xs":[],"k":1.5}') and not c.matches('{"xs":[],"k":1}')  # 1 matches both branches
+    assert c.matches('{"xs":[],"p":"good"}') and not c.matches('{"xs":[],"p":"badx"}')
+    with pytest.raises(SchemaError) as ei:
+        compile_constraint(s, tokenizer=hf_tok, strict=True)
+    assert {"uniqueItems", "oneOf"} <= set(ei.value.keywords)
+    plain = compile_constraint({"type": "integer"}, tokenizer=hf_tok, strict=True)
+    assert plain.semantic_keywords == []
+
+
+def test_validation_only_keywords(hf_tok):
+    cases = [
+        ({"type": "array", "contains": {"const": 3}}, "[1,3]", "[1,2]"),
+        ({"if": {"type": "integer"}, "then": {"minimum": 0}, "else": {"type": "string"}}, "5", "-5"),
+        ({"not": {"type": "string"}}, "5", '"s"'),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, '{"a":1,"b":2}', '{"a":1}'),
+        ({"type": "object", "propertyNames": {"maxLength": 2}}, '{"ab":1}', '{"abc":1}'),
+    ]
+    for schema, good, bad in cases:
+        c = compile_constraint(schema, tokenizer=hf_tok)
+        assert c.semantic_keywords, schema
+        assert c.matches(good), (schema, good)
+        assert not c.matches(bad), (schema, bad)
+
+
+def test_whitespace_and_separators(hf_tok):
+    s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+         "required": ["a", "b"], "additionalProperties": False}
+    compact = compile_constraint(s, tokenizer=hf_tok)
+    assert compact.matches('{"a":1,"b":2}') and not compact.matches('{"a": 1, "b": 2}')
+    spaced = compile_constraint(s, tokenizer=hf_tok, separators=(", ", ": "))
+    assert spaced.matches('{"a": 1, "b": 2}') and not spaced.matches('{"a":1,"b":2}')
+    flexible = compile_constraint(s, tokenizer=hf_tok, whitespace="model")
+    assert flexible.matches('{ "a" : 1 ,\n "b": 2}') and flexible.matches('{"a":1,"b":2}')
+    # property order follows the schema
+    assert not compact.matches('{"b":2,"a":1}')
+
+
+def test_cache(hf_tok):
+    s = {"type": "object", "properties": {"zz": {"type": "boolean"}}}
+    a = compile_constraint(s, tokenizer=hf_tok)
+    before = compile_constraint.cache_info()
+    b = compile_constraint(json.loads(json.dumps(s)), tokenizer=hf_tok)
+    assert a is b and compile_constraint.cache_info().hits == before.hits + 1
+    c = compile_constraint(s, tokenizer=hf_tok, whitespace="model")
+    assert c is not a
+
+
+def test_custom_stop_ids_and_vocab_padding(hf_tok):
+    c = compile_constraint(Regex("ab"), tokenizer=hf_tok, stop_token_ids=[4], vocab_size=1300)
+    assert c.stop_token_ids == (4,) and c.vocab_size == 1300
+    w = c.canvas_walker()
+    assert bitmask_bits(w.mask(), 1300) == {hf_tok.convert_tokens_to_ids("a"), *_starts(hf_tok, "ab")}
+    w.commit(hf_tok.encode("ab"))
+    assert bitmask_bits(w.mask(), 1300) == {4}  # only the custom stop id; never eos=1, never ids >= 1186
+
+
+def _starts(tok, text):
+    return {i for s, i in tok.get_vocab().items() if s and text.startswith(s) and i > 5}
+
+
+def bitmask_bits(row, V):
+    from dgemma_struct.constraints import bitmask_to_bool
+    import numpy as np
+    return set(np.flatnonzero(bitmask_to_bool(row[None], V)[0]).tolist())
+
+
+def test_compile_limits_are_typed(hf_tok):
+    # a regex with a huge counted repetition must fail fast with a typed error (or compile)
+    try:
+        compile_constraint(Regex("(a|b|c|d){1,5000}x{1,5000}(e|f){1,9000}"), tokenizer=hf_tok, use_cache=False)
+    except (ConstraintCompileTimeout, RegexError):
+        pass

@@ -1,0 +1,157 @@
+"""generate_json & co. on a random model: valid values or typed errors, repair and fallback fire."""
+import json
+from typing import Literal
+
+import jsonschema
+import pytest
+from pydantic import BaseModel, field_validator
+
+from dgemma_struct import (Choice, GenerationResult, Grammar, Regex, errors, generate, generate_batch,
+                           generate_choice, generate_grammar, generate_json, generate_regex, partial_json, stream)
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 10},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    status: Literal["active", "inactive"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_json_schema_values_validate(tiny_runtime, seed):
+    res = generate_json("hello", SCHEMA, runtime=tiny_runtime, max_new_tokens=96, seed=seed, return_details=True)
+    jsonschema.validate(res.value, SCHEMA)
+    assert json.loads(res.text) == res.value
+    s = res.stats
+    assert s.forward_passes > 0 and s.forced_tokens > 0 and s.mask_s > 0 and not s.fallback
+
+
+def test_pydantic_model_returns_instance(tiny_runtime):
+    p = generate_json("who?", Person, runtime=tiny_runtime, max_new_tokens=96, seed=1)
+    assert isinstance(p, Person) and p.status in ("active", "inactive")
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_regex_choice_grammar(tiny_runtime, mode):
+    import re
+
+    r = generate_regex("code?", r"[A-Z]{3}-[0-9]{2}", runtime=tiny_runtime, mode=mode, max_new_tokens=32)
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", r)
+    c = generate_choice("pick", ["positive", "negative", "neutral"], runtime=tiny_runtime, mode=mode)
+    assert c in ("positive", "negative", "neutral")
+    g = generate_grammar("expr", "arithmetic", runtime=tiny_runtime, mode=mode, max_new_tokens=48)
+    assert Grammar("arithmetic") and g  # parsed below with lark for an independent check
+    from lark import Lark
+    from dgemma_struct.constraints import builtin_grammars
+
+    Lark(builtin_grammars()["arithmetic"].read_text()).parse(g)
+
+
+def test_batch_rows_have_their_own_constraints(tiny_runtime):
+    res = generate_batch(["a", "bb", "ccc"], [SCHEMA, Regex(r"[a-z]{3,5}"), Choice(["x", "yy"])],
+                         runtime=tiny_runtime, max_new_tokens=96)
+    assert all(isinstance(r, GenerationResult) for r in res)
+    jsonschema.validate(res[0].value, SCHEMA)
+    assert 3 <= len(res[1].text) <= 5 and res[2].text in ("x", "yy")
+
+
+@pytest.mark.parametrize("spec,exc", [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, errors.SchemaError),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, errors.SchemaError),
+    ({"type": "nonsense"}, errors.SchemaError),
+    (Regex("(unclosed"), errors.RegexError),
+    (Grammar("start: foo\nfoo: 'a' |"), errors.GrammarError),
+    (Choice([]), errors.ChoiceError),
+])
+def test_bad_specs_raise_typed_errors_before_generation(tiny_runtime, spec, exc):
+    with pytest.raises(exc):
+        generate("x", spec, runtime=tiny_runtime)
+
+
+def test_strict_lists_unenforceable_keywords(tiny_runtime):
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(errors.SchemaError) as info:
+        generate("x", schema, runtime=tiny_runtime, strict=True)
+    assert "uniqueItems" in info.value.keywords
+
+
+@pytest.mark.parametrize("kwargs,exc", [
+    (dict(max_new_tokens=0), errors.InvalidRequestError),
+    (dict(mode="beam"), errors.InvalidRequestError),
+    (dict(max_repairs=-1), errors.InvalidRequestError),
+    (dict(max_new_tokens=100_000), errors.PromptTooLongError),
+])
+def test_bad_options(tiny_runtime, kwargs, exc):
+    with pytest.raises(exc):
+        generate("x", Regex("[a-z]+"), runtime=tiny_runtime, **kwargs)
+
+
+def test_impossible_length_is_a_typed_error_up_front(tiny_runtime):
+    with pytest.raises(errors.LengthError):
+        generate("x", Choice(["a very long fixed answer that needs many tokens"]), runtime=tiny_runtime,
+                 max_new_tokens=2)
+
+
+def _flaky_model(reject_first: int):
+    calls = {"n": 0}
+
+    class Flaky(BaseModel):
+        name: str
+        age: int
+
+        @field_validator("age")
+        @classmethod
+        def _reject(cls, v):
+            calls["n"] += 1
+            if calls["n"] <= reject_first:
+                raise ValueError(f"injected failure {calls['n']}")
+            return v
+
+    return Flaky, calls
+
+
+def test_repair_fires_and_is_counted(tiny_runtime):
+    Flaky, calls = _flaky_model(reject_first=1)
+    res = generate_json("x", Flaky, runtime=tiny_runtime, max_new_tokens=96, max_repairs=2, return_details=True)
+    assert isinstance(res.value, Flaky)
+    assert res.stats.repairs == 1 and not res.stats.fallback and calls["n"] == 2
+
+
+def test_fallback_fires_after_repairs_run_out(tiny_runtime):
+    Flaky, calls = _flaky_model(reject_first=3)
+    res = generate_json("x", Flaky, runtime=tiny_runtime, max_new_tokens=96, max_repairs=2, return_details=True)
+    assert isinstance(res.value, Flaky)
+    assert res.stats.fallback and res.stats.repairs == 2 and calls["n"] == 4
+
+
+def test_never_valid_raises_generation_failed_with_details(tiny_runtime):
+    Flaky, calls = _flaky_model(reject_first=10**9)
+    with pytest.raises(errors.GenerationFailed) as info:
+        generate_json("x", Flaky, runtime=tiny_runtime, max_new_tokens=96, max_repairs=1)
+    err = info.value
+    assert any("injected failure" in e for e in err.errors)
+    assert err.partial_text.startswith('{"name":') and err.stats.fallback
+
+
+def test_timeout_is_typed(tiny_runtime):
+    with pytest.raises(errors.GenerationTimeout):
+        generate("x", SCHEMA, runtime=tiny_runtime, timeout_s=1e-9)
+
+
+def test_stream_ends_with_a_validated_value(tiny_runtime):
+    events = list(stream("hello", SCHEMA, runtime=tiny_runtime, max_new_tokens=96, seed=2))
+    assert events[-1].done
+    jsonschema.validate(events[-1].value, SCHEMA)
+    assert all(not e.done for e in events[:-1])
+
+
+def test_partial_json_closes_open_structures():
+    assert partial_json('{"a":[1,2') == {"a": [1, 2]}
+    assert partial_json('{"a":"hel') == {"a": "hel"}
+    assert partial_json('{"a":1,') == {"a": 1}
+    assert partial_json("") is None
