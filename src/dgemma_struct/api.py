@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -39,6 +40,27 @@ class _Attempt:
     complete: bool           # the grammar accepted and EOS was reached
     dead_end: bool
     stats: GenerationStats
+
+
+_JUNK = re.compile(r'[{}\[\]]|":|",|[\x00-\x1f]')
+
+
+@dataclass
+class _Issue:
+    path: tuple
+    message: str
+
+
+def junk_paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """Paths of string values holding JSON punctuation or control characters: the signature of a
+    model whose structural tokens were masked out and absorbed into a string."""
+    if isinstance(value, str):
+        return [path] if _JUNK.search(value) else []
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in junk_paths(v, path + (k,))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in junk_paths(v, path + (i,))]
+    return []
 
 
 def _runtime(runtime: DiffusionRuntime | None) -> DiffusionRuntime:
@@ -76,7 +98,7 @@ class _Session:
 
     def __init__(self, runtime: DiffusionRuntime, prompt_ids: list[int], constraint: Constraint, *,
                  max_new_tokens: int, seed: int | None, mode: str, max_repairs: int, fallback: bool,
-                 deadline: float | None, progress: bool = True):
+                 deadline: float | None, progress: bool = True, repair_junk: bool = True):
         self.rt = runtime
         self.prompt_ids = prompt_ids
         self.c = constraint
@@ -87,6 +109,7 @@ class _Session:
         self.fallback = fallback
         self.deadline = deadline
         self.progress = progress
+        self.repair_junk = repair_junk
         self.stats = GenerationStats(mode=mode)
         self.errors: list[str] = []
 
@@ -148,14 +171,14 @@ class _Session:
         for attempt in range(self.max_repairs + 1):
             self.stats.repairs = attempt
             last = first if (attempt == 0 and first is not None) else self.run(prefix, self.mode, attempt)
-            outcome = self.check(last)
+            outcome = self.check(last, attempt)
             if outcome is not None:
                 return self.finish(last, outcome, t0)
             prefix = self.next_prefix(last)
         if self.fallback and self.mode == "diffusion":
             self.stats.fallback = True
             last = self.run(prefix, "ar", self.max_repairs + 1)
-            outcome = self.check(last)
+            outcome = self.check(last, self.max_repairs)
             if outcome is not None:
                 return self.finish(last, outcome, t0)
         self.stats.wall_s = time.perf_counter() - t0
@@ -169,7 +192,10 @@ class _Session:
             self.max_repairs, " and the AR fallback" if self.stats.fallback else "", "; ".join(self.errors[-3:])),
             errors=self.errors, partial_text=partial, stats=self.stats)
 
-    def check(self, a: _Attempt):
+    def check(self, a: _Attempt, attempt: int = 0):
+        """The validated outcome, or ``None`` (and the reasons recorded) when ``a`` must be redone.
+        A schema-valid value whose strings hold structural junk (the model's braces absorbed into a
+        string) is redone too while repairs remain; after that it is returned, being valid."""
         if a.dead_end:
             self.errors.append("the grammar walk made no progress (dead end)")
             return None
@@ -178,6 +204,12 @@ class _Session:
             return None
         outcome = self.c.validate_text(self.text_of(a.tokens))
         if outcome.ok:
+            value = outcome.value.model_dump() if hasattr(outcome.value, "model_dump") else outcome.value
+            junk = junk_paths(value) if self.repair_junk and self.c.kind == "json" else []
+            if junk and attempt < self.max_repairs:
+                self.stats.junk_repairs += 1
+                self._last_issues = [_Issue(p, "structural junk inside a string") for p in junk]
+                return None
             return outcome
         self._last_issues = outcome.errors
         self.errors.extend(str(e) for e in outcome.errors)
@@ -203,7 +235,7 @@ class _Session:
 
 def _session(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, *, max_new_tokens: int, seed: int | None,
              mode: str, max_repairs: int, strict: bool, fallback: bool, timeout_s: float | None,
-             whitespace: str, progress: bool = True) -> _Session:
+             whitespace: str, progress: bool = True, repair_junk: bool = True) -> _Session:
     _check_options(max_new_tokens, mode, max_repairs)
     rt = _runtime(runtime)
     constraint = constraint_for(spec, rt, strict=strict, whitespace=whitespace)
@@ -215,13 +247,14 @@ def _session(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, *, max
     rt._batch([prompt_ids], max_new_tokens)  # raises PromptTooLongError before any generation
     deadline = time.monotonic() + timeout_s if timeout_s else None
     return _Session(rt, prompt_ids, constraint, max_new_tokens=max_new_tokens, seed=seed, mode=mode,
-                    max_repairs=max_repairs, fallback=fallback, deadline=deadline, progress=progress)
+                    max_repairs=max_repairs, fallback=fallback, deadline=deadline, progress=progress,
+                    repair_junk=repair_junk)
 
 
 def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None, max_new_tokens: int = 128,
              seed: int | None = 0, mode: str = "diffusion", max_repairs: int = 2, strict: bool = False,
              fallback: bool = True, timeout_s: float | None = None, whitespace: str = "compact",
-             progress: bool = True, return_details: bool = False) -> Any:
+             progress: bool = True, repair_junk: bool = True, return_details: bool = False) -> Any:
     """Generate an output that satisfies ``spec`` (pydantic model, JSON-Schema dict, ``Regex``,
     ``Grammar``, ``Choice``, ``Literal``/``Enum`` type, or a compiled ``Constraint``).
 
@@ -230,7 +263,7 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
     Raises a :class:`~dgemma_struct.errors.DgemmaStructError` subclass, never an invalid value."""
     session = _session(prompt, spec, runtime, max_new_tokens=max_new_tokens, seed=seed, mode=mode,
                        max_repairs=max_repairs, strict=strict, fallback=fallback, timeout_s=timeout_s,
-                       whitespace=whitespace, progress=progress)
+                       whitespace=whitespace, progress=progress, repair_junk=repair_junk)
     result = session.solve()
     return result if return_details else result.value
 
@@ -258,7 +291,7 @@ def generate_choice(prompt: Prompt, choices: Sequence[str], **opts: Any) -> Any:
 def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, runtime: DiffusionRuntime | None = None,
                    max_new_tokens: int = 128, seed: int | None = 0, mode: str = "diffusion", max_repairs: int = 2,
                    strict: bool = False, fallback: bool = True, timeout_s: float | None = None,
-                   whitespace: str = "compact", progress: bool = True,
+                   whitespace: str = "compact", progress: bool = True, repair_junk: bool = True,
                    return_exceptions: bool = False) -> list[Any]:
     """Constrained generation for many prompts in one batched canvas loop; each row has its own
     constraint (``specs`` is one spec for all rows or one per row). Rows that fail validation are
@@ -271,7 +304,8 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
     if not prompts:
         return []
     opts = dict(max_new_tokens=max_new_tokens, seed=seed, mode=mode, max_repairs=max_repairs, strict=strict,
-                fallback=fallback, timeout_s=timeout_s, whitespace=whitespace, progress=progress)
+                fallback=fallback, timeout_s=timeout_s, whitespace=whitespace, progress=progress,
+                repair_junk=repair_junk)
     rt = _runtime(runtime)
     sessions: list[_Session | DgemmaStructError] = []
     for p, s in zip(prompts, specs):

@@ -10,8 +10,75 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from dgemma_struct.training.train import train
 
     meta = train(args.out, minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
-                 seed=args.seed, threads=args.threads)
+                 seed=args.seed, threads=args.threads, lr=args.lr, resume=args.resume)
     print(json.dumps(meta, indent=1))
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.training.evaluate import evaluate
+
+    rt = DiffusionRuntime.from_pretrained(args.model) if args.model else DiffusionRuntime.default()
+    report = evaluate(rt, n=args.n)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """The main job: typed JSON extraction on the embedded model, offline on a CPU."""
+    import torch
+    from pydantic import BaseModel
+
+    from dgemma_struct import Choice, DiffusionRuntime, Regex, generate
+
+    torch.set_num_threads(args.threads)
+
+    class Person(BaseModel):
+        name: str
+        age: int
+        email: str
+
+    rt = DiffusionRuntime.default()
+    jobs = [
+        ("Extract the name, age and email as JSON.\nMarie Curie is 66 years old and can be reached at "
+         "marie.curie@example.com.", Person),
+        ("Give the phone number.\nYou can call Ada on 555-867-5309 after six.", Regex(r"\d{3}-\d{3}-\d{4}")),
+        ("Classify the sentiment as positive, negative or neutral.\nThe hotel was clean and the view was amazing.",
+         Choice(["positive", "negative", "neutral"])),
+    ]
+    for prompt, spec in jobs:
+        res = generate(prompt, spec, runtime=rt, seed=args.seed, return_details=True)
+        value = res.value.model_dump() if hasattr(res.value, "model_dump") else res.value
+        s = res.stats
+        print(f"prompt: {prompt!r}")
+        print(f"  value: {json.dumps(value)}  ({type(res.value).__name__})")
+        print(f"  stats: {s.forward_passes} forward passes, {s.tokens_per_forward:.2f} tokens/forward, "
+              f"{s.forced_tokens} forced tokens, {s.repairs} repairs, fallback={s.fallback}, "
+              f"{s.wall_s * 1000:.0f} ms ({s.mask_s * 1000:.0f} ms constraint work)")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from dgemma_struct.errors import ModelLoadError
+    from dgemma_struct.server import ServerConfig, serve
+
+    config = ServerConfig.from_env(host=args.host, port=args.port, model=args.model, api_key=args.api_key,
+                                   max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                                   max_queue=args.max_queue, request_timeout_s=args.timeout,
+                                   max_tokens_cap=args.max_tokens_cap)
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        print(f"warning: serving on {config.host} without --api-key", file=sys.stderr)
+    try:
+        serve(config, log_level=args.log_level)
+    except ModelLoadError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -26,7 +93,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--resume", action="store_true", help="continue training the checkpoint in --out")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("eval", help="held-out evaluation of a checkpoint (unconstrained)")
+    p.add_argument("--model", default=None, help="checkpoint dir (default: the embedded model)")
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--out", default=None)
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("demo", help="the main job: typed extraction with the embedded model")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)")
+    p.add_argument("--host", default=None, help="bind address (env DGEMMA_STRUCT_HOST; default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="port (env DGEMMA_STRUCT_PORT; default 8000)")
+    p.add_argument("--model", default=None,
+                   help="local checkpoint directory (env DGEMMA_STRUCT_MODEL; default: the embedded model)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (env DGEMMA_STRUCT_API_KEY)")
+    p.add_argument("--max-batch-size", type=int, default=None, help="rows per batched canvas loop (default 8)")
+    p.add_argument("--max-wait-ms", type=float, default=None, help="batching window (default 10 ms)")
+    p.add_argument("--max-queue", type=int, default=None, help="waiting requests before 429 (default 64)")
+    p.add_argument("--timeout", type=float, default=None, help="per-request timeout in seconds (default 60)")
+    p.add_argument("--max-tokens-cap", type=int, default=None, help="largest max_tokens accepted (default 1024)")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_cmd_serve)
 
     args = parser.parse_args(argv)
     return args.func(args)

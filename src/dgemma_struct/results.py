@@ -25,6 +25,7 @@ class GenerationStats:
     mask_s: float = 0.0
     forced_tokens: int = 0
     repairs: int = 0
+    junk_repairs: int = 0
     fallback: bool = False
     finish_reason: str = "stop"
 

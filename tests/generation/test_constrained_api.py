@@ -155,3 +155,10 @@ def test_partial_json_closes_open_structures():
     assert partial_json('{"a":"hel') == {"a": "hel"}
     assert partial_json('{"a":1,') == {"a": 1}
     assert partial_json("") is None
+
+
+def test_junk_in_strings_is_detected():
+    from dgemma_struct.api import junk_paths
+
+    assert junk_paths({"a": "ok", "b": ['x"}', "fine"], "c": {"d": "} []"}}) == [("b", 0), ("c", "d")]
+    assert junk_paths({"email": "a@b.com", "n": 3}) == []

@@ -116,7 +116,7 @@ def loss_on_batch(model, batch: dict, self_condition: bool):
 
 def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int = 100_000, batch_size: int = 24,
           lr: float = 2e-3, seed: int = 0, corpus_size: int = 60_000, vocab_size: int = 1024,
-          threads: int = 2, log_every: int = 25) -> dict:
+          threads: int = 2, log_every: int = 25, resume: bool = False) -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it."""
     from transformers import DiffusionGemmaForBlockDiffusion
@@ -129,16 +129,27 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int = 100_00
     out_dir.mkdir(parents=True, exist_ok=True)
 
     corpus = make_corpus(corpus_size, seed=seed)
-    tokenizer = build_tokenizer([e["prompt"] for e in corpus] + [e["answer"] for e in corpus], vocab_size)
+    log: list[dict] = []
+    if resume:  # a second phase: continue from the checkpoint in out_dir, log appended
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(out_dir)
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(out_dir)
+        config = model.config
+        log = json.loads((out_dir / "training_log.json").read_text())
+        meta0 = json.loads((out_dir / "training_meta.json").read_text())
+        step_offset, minutes_offset = meta0["steps"], meta0["minutes"]
+    else:
+        tokenizer = build_tokenizer([e["prompt"] for e in corpus] + [e["answer"] for e in corpus], vocab_size)
+        config = embedded_config(len(tokenizer))
+        model = DiffusionGemmaForBlockDiffusion(config)
+        step_offset, minutes_offset = 0, 0.0
     encoded = [encode_example(tokenizer, e) for e in corpus]
-    config = embedded_config(len(tokenizer))
-    model = DiffusionGemmaForBlockDiffusion(config)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warmup = 150
+    warmup = 150 if not resume else 20
     total_s = minutes * 60
-    log: list[dict] = []
     start = time.time()
     step = 0
     bar = tqdm(total=max_steps, desc="train", unit="step", mininterval=5)
@@ -161,7 +172,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int = 100_00
         step += 1
         bar.update(1)
         if step % log_every == 0 or step == 1:
-            rec = {"step": step, "s": round(time.time() - start, 1), "lr": cur_lr,
+            rec = {"step": step + step_offset, "s": round(time.time() - start + 60 * minutes_offset, 1), "lr": cur_lr,
                    "diffusion_loss": round(diff_loss.item(), 4), "ar_loss": round(ar_loss.item(), 4)}
             log.append(rec)
             bar.set_postfix(diff=rec["diffusion_loss"], ar=rec["ar_loss"])
@@ -171,7 +182,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int = 100_00
     bar.close()
     model.eval()
     save(model, tokenizer, out_dir)
-    meta = {"steps": step, "minutes": round((time.time() - start) / 60, 2), "batch_size": batch_size, "lr": lr,
+    meta = {"steps": step + step_offset, "minutes": round((time.time() - start) / 60 + minutes_offset, 2),
+            "phases": (meta0.get("phases", 1) + 1) if resume else 1, "batch_size": batch_size, "lr": lr,
             "seed": seed, "corpus_size": corpus_size, "vocab_size": len(tokenizer), "parameters": n_params,
             "canvas_length": config.canvas_length, "threads": threads}
     (out_dir / "training_log.json").write_text(json.dumps(log))
