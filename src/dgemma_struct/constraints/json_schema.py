@@ -24,7 +24,7 @@ import llguidance as llg
 
 from dgemma_struct.errors import ConstraintCompileTimeout, SchemaError, UnsupportedKeywordError
 
-__all__ = ["JsonPlan", "prepare_json_schema", "make_validator", "iter_issues"]
+__all__ = ["JsonPlan", "prepare_json_schema", "make_validator", "iter_issues", "missing_format_extras"]
 
 _SUBSCHEMA_DICT_KWS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LIST_KWS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -69,9 +69,43 @@ def _fmt_path(path: tuple) -> str:
     return "#/" + "/".join(str(p) for p in path) if path else "#"
 
 
+# Python modules behind ``jsonschema[format-nongpl]``; without them jsonschema silently skips
+# the formats they back (fqdn: hostname; idna: idn-hostname; isoduration: duration; jsonpointer:
+# json-pointer, relative-json-pointer; rfc3339_validator: date-time; rfc3986_validator: uri,
+# uri-reference; rfc3987_syntax: iri, iri-reference; uri_template: uri-template; webcolors: color),
+# and validation becomes more lenient than the schema.
+FORMAT_EXTRAS = ("fqdn", "idna", "isoduration", "jsonpointer", "rfc3339_validator", "rfc3986_validator",
+                 "rfc3987_syntax", "uri_template", "webcolors")
+
+
+def missing_format_extras() -> list[str]:
+    """Modules of ``jsonschema[format-nongpl]`` that are not importable (format checks they back are skipped)."""
+    import importlib.util
+    return [m for m in FORMAT_EXTRAS if importlib.util.find_spec(m) is None]
+
+
+_FORMAT_CHECKERS: dict = {}
+
+
+def _format_checker(cls: Any) -> Any:
+    """The draft's own format checker, plus the 2020-12 checker for format names the draft does
+    not define (e.g. ``iri``/``uuid``/``duration`` under draft-04/07).
+
+    Such names are "unknown formats" (annotations) for the older draft, but schema authors use
+    them meaning the later definition and the JSONSchemaBench labels (upstream checker) assert them;
+    asserting them only makes validation stricter, which keeps ``matches`` sound."""
+    fc = _FORMAT_CHECKERS.get(cls)
+    if fc is None:
+        base = getattr(cls, "FORMAT_CHECKER", None) or jsonschema.FormatChecker()
+        fc = jsonschema.FormatChecker(formats=())
+        fc.checkers = {**jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers, **base.checkers}
+        _FORMAT_CHECKERS[cls] = fc
+    return fc
+
+
 def make_validator(schema: Any) -> Any:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return cls(schema, format_checker=_format_checker(cls))
 
 
 def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
@@ -161,10 +195,20 @@ def _check_bounds(schema: Any) -> None:
             raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: empty type list", keywords=["type"])
 
 
-def _grammar_copy(schema: Any) -> Any:
-    """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only."""
+def _grammar_copy(schema: Any, dropped: list[str] | None = None) -> Any:
+    """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only; keywords
+    llguidance compiles wrongly are removed (named in ``dropped``, enforced by validation)."""
     g = copy.deepcopy(schema)
     for _, s in _walk(g):
+        mp = s.get("minProperties")
+        if (_num(mp) and mp > 0 and isinstance(s.get("properties"), dict) and s["properties"]
+                and s.get("additionalProperties", True) is not False
+                and mp > len(set(s.get("required") or []))):
+            # llguidance 1.x counts only the *additional* properties towards minProperties when
+            # optional `properties` exist, so {"a": 1} is rejected by {properties: {a}, minProperties: 1}
+            s.pop("minProperties")
+            if dropped is not None:
+                dropped.append("minProperties")
         for kw, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
             if isinstance(s.get(kw), bool):  # draft-4 boolean form
                 flag = s.pop(kw)
@@ -245,8 +289,8 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
     if isinstance(schema, dict):
         _check_refs(schema)
         _check_bounds(schema)
-    g = _grammar_copy(schema) if isinstance(schema, dict) else {}
     semantic: list[str] = []
+    g = _grammar_copy(schema, semantic) if isinstance(schema, dict) else {}
     if isinstance(schema, dict) and _uses(schema, "dependencies"):
         semantic.append("dependencies")
     opts = dict(json_options(whitespace, separators), lenient=True)

@@ -201,6 +201,7 @@ class Batcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            batch: list[Job] = []
             try:
                 batch = self._collect()
                 if not batch:
@@ -226,7 +227,7 @@ class Batcher:
                     self._run_stream(j)
             except BaseException as err:  # noqa: BLE001 - the worker must survive anything
                 self.counters["errors"] += 1
-                for job in locals().get("batch", []) or []:
+                for job in batch:
                     self._fail(job, err if isinstance(err, Exception) else RuntimeError(repr(err)))
 
     def _run_group(self, group: list[Job]) -> None:

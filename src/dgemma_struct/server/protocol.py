@@ -93,6 +93,13 @@ def _schema_arg(value: Any, param: str) -> Any:
     return value
 
 
+def _grammar(text: str, param: str) -> Grammar:
+    if "\n" not in text and text.strip().endswith(".lark"):
+        raise APIError(400, f"{param}: the server takes grammar text or a built-in grammar name, not a file path",
+                       param=param, code="invalid_grammar")
+    return Grammar(text)
+
+
 def spec_of(req: _Common) -> tuple[Any, str | None]:
     """The spec a request asks for, and the name of the body field it came from (``None`` spec =
     free text). More than one constraint in one request is a 400."""
@@ -123,7 +130,7 @@ def spec_of(req: _Common) -> tuple[Any, str | None]:
         elif k == "regex":
             found.append((Regex(so.regex), "structured_outputs.regex"))
         elif k == "grammar":
-            found.append((Grammar(so.grammar), "structured_outputs.grammar"))
+            found.append((_grammar(so.grammar, "structured_outputs.grammar"), "structured_outputs.grammar"))
         else:
             found.append((Choice(list(so.choice)), "structured_outputs.choice"))
     if req.guided_json is not None:
@@ -133,7 +140,7 @@ def spec_of(req: _Common) -> tuple[Any, str | None]:
     if req.guided_choice is not None:
         found.append((Choice(list(req.guided_choice)), "guided_choice"))
     if req.guided_grammar is not None:
-        found.append((Grammar(req.guided_grammar), "guided_grammar"))
+        found.append((_grammar(req.guided_grammar, "guided_grammar"), "guided_grammar"))
     if len(found) > 1:
         raise APIError(400, "give one output constraint per request; got " + ", ".join(p for _, p in found),
                        param=found[1][1], code="invalid_constraint")

@@ -1,0 +1,162 @@
+"""FastAPI integration: typed outputs as a dependency, or a whole route from a pydantic model.
+
+Dependency::
+
+    from fastapi import Depends, FastAPI
+    from pydantic import BaseModel
+    from dgemma_struct.fastapi import StructuredGenerator, structured_generator
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    app = FastAPI()
+    gen = structured_generator()                  # the embedded model; or runtime=DiffusionRuntime(...)
+
+    @app.post("/people", response_model=Person)
+    async def extract(text: str, g: StructuredGenerator = Depends(gen)):
+        return await g.json(f"Extract the person as JSON.\\n{text}", Person)
+
+Route helper::
+
+    from dgemma_struct.fastapi import typed_route
+    typed_route(app, "/extract/person", schema=Person,
+                prompt_template="Extract the name and age as JSON.\\n{text}")
+    # POST /extract/person {"text": "..."}  ->  a Person; OpenAPI's response schema is Person's
+
+Requests from concurrent handlers are batched into shared canvas loops by one worker thread per
+runtime (see :class:`dgemma_struct.server.Batcher`); the event loop never runs the model. Typed
+errors become ``HTTPException`` with a 4xx status (504 for timeouts) and an OpenAI-style
+``detail`` (``message``, ``type``, ``param``, ``code``).
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from typing import Any, Callable, Sequence
+
+from fastapi import HTTPException
+from pydantic import BaseModel, create_model
+
+from dgemma_struct.constraints import Choice, Grammar, Regex
+from dgemma_struct.errors import DgemmaStructError
+from dgemma_struct.runtime import DiffusionRuntime
+from dgemma_struct.server.app import _http_error
+from dgemma_struct.server.batcher import Batcher, QueueFull, ShuttingDown
+
+__all__ = ["StructuredGenerator", "structured_generator", "typed_route", "to_http_exception"]
+
+_batchers: dict[int, Batcher] = {}
+_lock = threading.Lock()
+
+
+def _batcher_for(runtime: DiffusionRuntime, **opts: Any) -> Batcher:
+    with _lock:
+        b = _batchers.get(id(runtime))
+        if b is None or b.runtime is not runtime or not b.alive:
+            b = Batcher(runtime, **opts).start()
+            _batchers[id(runtime)] = b
+        return b
+
+
+def to_http_exception(err: BaseException) -> HTTPException:
+    """The ``HTTPException`` for a dgemma-struct error (400 bad spec/request, 422 generation
+    failed or too long, 429 queue full, 503 unavailable, 504 timeout)."""
+    e = _http_error(err, None)
+    return HTTPException(status_code=e.status, detail=e.body()["error"])
+
+
+class StructuredGenerator:
+    """Async, typed generation for request handlers. ``max_new_tokens``/``seed``/``timeout_s`` are
+    defaults every call may override."""
+
+    def __init__(self, runtime: DiffusionRuntime | None = None, *, max_new_tokens: int = 128, seed: int | None = 0,
+                 timeout_s: float = 60.0, max_batch_size: int = 8, max_wait_ms: float = 10.0, max_queue: int = 64,
+                 max_repairs: int = 2, raise_http: bool = True):
+        self._runtime = runtime
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.timeout_s = timeout_s
+        self.raise_http = raise_http
+        self._batcher_opts = dict(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                                  max_repairs=max_repairs)
+
+    @property
+    def runtime(self) -> DiffusionRuntime:
+        if self._runtime is None:
+            self._runtime = DiffusionRuntime.default()
+        return self._runtime
+
+    async def details(self, prompt: Any, spec: Any, *, max_new_tokens: int | None = None, seed: int | None = -1,
+                      timeout_s: float | None = None):
+        """The :class:`~dgemma_struct.results.GenerationResult` (``.value``, ``.text``, ``.stats``)."""
+        try:
+            if self._runtime is None:
+                await asyncio.to_thread(lambda: self.runtime)
+            batcher = _batcher_for(self.runtime, **self._batcher_opts)
+            return await batcher.submit(prompt, spec, max_new_tokens=max_new_tokens or self.max_new_tokens,
+                                        seed=self.seed if seed == -1 else seed,
+                                        timeout_s=timeout_s or self.timeout_s)
+        except (DgemmaStructError, QueueFull, ShuttingDown) as err:
+            if self.raise_http:
+                raise to_http_exception(err) from err
+            raise
+
+    async def generate(self, prompt: Any, spec: Any, **opts: Any) -> Any:
+        """The value for any spec :func:`dgemma_struct.generate` accepts."""
+        return (await self.details(prompt, spec, **opts)).value
+
+    async def json(self, prompt: Any, schema: Any, **opts: Any) -> Any:
+        """A pydantic instance for a pydantic class, else a JSON value valid against ``schema``."""
+        return await self.generate(prompt, schema, **opts)
+
+    async def regex(self, prompt: Any, pattern: str, **opts: Any) -> str:
+        return await self.generate(prompt, Regex(pattern), **opts)
+
+    async def grammar(self, prompt: Any, lark_grammar: str, **opts: Any) -> str:
+        return await self.generate(prompt, Grammar(lark_grammar), **opts)
+
+    async def choice(self, prompt: Any, choices: Sequence[str], **opts: Any) -> str:
+        return await self.generate(prompt, Choice(list(choices)), **opts)
+
+
+def structured_generator(runtime: DiffusionRuntime | None = None, **defaults: Any
+                         ) -> Callable[[], StructuredGenerator]:
+    """A FastAPI dependency: ``Depends(structured_generator(runtime=rt))`` gives every handler the
+    same :class:`StructuredGenerator` (one batching worker per runtime)."""
+    gen = StructuredGenerator(runtime, **defaults)
+
+    def dependency() -> StructuredGenerator:
+        return gen
+    dependency.generator = gen  # type: ignore[attr-defined]
+    return dependency
+
+
+def typed_route(app: Any, path: str, *, schema: type[BaseModel] | Any, prompt_template: str,
+                input_model: type[BaseModel] | None = None, runtime: DiffusionRuntime | None = None,
+                generator: StructuredGenerator | None = None, methods: Sequence[str] = ("POST",),
+                max_new_tokens: int = 128, **route_kwargs: Any) -> Callable:
+    """Add a route to ``app`` (a FastAPI app or ``APIRouter``) that formats ``prompt_template``
+    with the request body's fields, generates under ``schema`` and returns it; the route's
+    ``response_model`` is ``schema``. ``input_model`` defaults to ``{"text": str}``."""
+    if input_model is None:
+        input_model = create_model(f"{getattr(schema, '__name__', 'Typed')}Input", text=(str, ...))
+    gen = generator or StructuredGenerator(runtime, max_new_tokens=max_new_tokens)
+
+    async def endpoint(body: Any) -> Any:
+        fields = body.model_dump() if hasattr(body, "model_dump") else dict(body)
+        try:
+            prompt = prompt_template.format(**fields)
+        except (KeyError, IndexError) as err:
+            raise HTTPException(500, detail={"message": f"prompt_template needs the field {err}",
+                                             "type": "server_error", "param": None, "code": "bad_template"}) from err
+        return await gen.json(prompt, schema)
+
+    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=input_model)])
+    endpoint.__annotations__ = {"body": input_model}
+    endpoint.__name__ = "typed_" + path.strip("/").replace("/", "_").replace("-", "_")
+    route_kwargs.setdefault("response_model", schema if isinstance(schema, type) else None)
+    app.add_api_route(path, endpoint, methods=list(methods), **route_kwargs)
+    return endpoint

@@ -1,0 +1,26 @@
+"""OpenAI-compatible HTTP server for dgemma-struct (``dgemma-struct serve``).
+
+Example::
+
+    from dgemma_struct.server import ServerConfig, create_app, serve
+    serve(ServerConfig(port=8000))            # blocks; the embedded model on 127.0.0.1:8000
+"""
+from __future__ import annotations
+
+from .app import ServerConfig, ServerState, create_app, load_runtime
+from .batcher import Batcher, QueueFull, ShuttingDown
+from .errors import APIError, api_error_for
+
+__all__ = ["ServerConfig", "ServerState", "create_app", "load_runtime", "serve", "Batcher", "QueueFull",
+           "ShuttingDown", "APIError", "api_error_for"]
+
+
+def serve(config: ServerConfig | None = None, runtime=None, *, log_level: str = "info") -> None:
+    """Run the server with uvicorn until interrupted (loads the model first, so a bad ``--model``
+    fails before the port opens)."""
+    import uvicorn
+
+    config = config or ServerConfig.from_env()
+    if runtime is None:
+        runtime = load_runtime(config.model)
+    uvicorn.run(create_app(runtime, config), host=config.host, port=config.port, log_level=log_level)

@@ -1,0 +1,224 @@
+"""Testing helpers: Hypothesis strategies for schemas, pydantic models and constrained-decoding
+outputs, a tiny random runtime for fast tests, and pytest fixtures.
+
+Property-test your own prompts (every output validates, every failure is typed)::
+
+    # conftest.py
+    from dgemma_struct.testing import embedded_runtime  # noqa: F401  (a session-scoped fixture)
+
+    # test_my_prompts.py
+    from hypothesis import given, settings
+    from dgemma_struct.testing import constrained_values
+    from myapp import Invoice
+
+    @settings(max_examples=10, deadline=None)
+    @given(constrained_values(Invoice, prompts=["Extract the invoice: ..."]))
+    def test_invoices_are_valid(invoice):
+        assert invoice.total >= 0
+
+Strategies: :func:`json_schemas` (simple, always-compilable object schemas), :func:`pydantic_models`
+(pydantic classes built from those schemas), :func:`schema_instances` (valid instances, via
+hypothesis-jsonschema), :func:`constrained_values` (values from constrained decoding).
+Runtimes: :func:`tiny_runtime` (random weights, builds in ~1 s); fixtures ``embedded_runtime`` and
+``tiny_random_runtime``.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Literal, Optional, Sequence
+
+from hypothesis import strategies as st
+
+from dgemma_struct.errors import DgemmaStructError, ModelLoadError
+
+__all__ = ["json_schemas", "pydantic_models", "model_from_schema", "schema_instances", "constrained_values",
+           "tiny_runtime", "embedded_runtime", "tiny_random_runtime", "embedded_model_available"]
+
+WORDS = ("red", "green", "blue", "cat", "dog", "yes", "no", "alpha", "beta", "low", "high", "ok")
+KEYS = ("name", "age", "color", "tags", "ok", "size", "kind", "level", "count", "label")
+
+
+# ---------------------------------------------------------------------------- schemas
+def _enum_values(max_size: int = 4) -> st.SearchStrategy[list[str]]:
+    return st.lists(st.sampled_from(WORDS), min_size=1, max_size=max_size, unique=True)
+
+
+def _leaf_schemas(max_string_length: int) -> st.SearchStrategy[dict]:
+    return st.one_of(
+        _enum_values().map(lambda e: {"type": "string", "enum": e}),
+        st.integers(1, max_string_length).map(lambda n: {"type": "string", "maxLength": n}),
+        st.tuples(st.integers(-50, 50), st.integers(0, 100)).map(
+            lambda t: {"type": "integer", "minimum": t[0], "maximum": t[0] + t[1]}),
+        st.just({"type": "boolean"}),
+        st.tuples(_enum_values(3), st.integers(0, 3)).map(
+            lambda t: {"type": "array", "items": {"type": "string", "enum": t[0]}, "maxItems": t[1]}),
+    )
+
+
+def _object(props: st.SearchStrategy[dict], max_properties: int) -> st.SearchStrategy[dict]:
+    @st.composite
+    def build(draw: Any) -> dict:
+        keys = draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=max_properties, unique=True))
+        properties = {k: draw(props) for k in keys}
+        required = [k for k in keys if draw(st.booleans())] if draw(st.booleans()) else list(keys)
+        return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    return build()
+
+
+def json_schemas(*, max_depth: int = 2, max_properties: int = 4, max_string_length: int = 8
+                 ) -> st.SearchStrategy[dict]:
+    """Small object schemas that every constraint backend here compiles: strings with ``enum`` or
+    ``maxLength``, bounded integers, booleans, arrays of enums (``maxItems`` <= 3), and nested
+    objects up to ``max_depth`` levels; ``additionalProperties: false``, some properties optional."""
+    leaf = _leaf_schemas(max_string_length)
+    level = _object(leaf, max_properties)
+    for _ in range(max_depth - 1):
+        level = _object(st.one_of(leaf, leaf, level), max_properties)
+    return level
+
+
+_names = itertools.count()
+
+
+def model_from_schema(schema: dict, name: str | None = None) -> type:
+    """A pydantic model for a schema drawn from :func:`json_schemas` (``Literal`` for enums,
+    ``Field`` bounds for lengths and ranges, nested models for objects)."""
+    from typing import Annotated
+
+    from pydantic import ConfigDict, Field, create_model
+
+    def typ(s: dict, field_name: str) -> Any:
+        t = s.get("type")
+        if "enum" in s:
+            return Literal[tuple(s["enum"])]
+        if t == "string":
+            return Annotated[str, Field(max_length=s["maxLength"])] if "maxLength" in s else str
+        if t == "integer":
+            return Annotated[int, Field(ge=s.get("minimum"), le=s.get("maximum"))]
+        if t == "boolean":
+            return bool
+        if t == "array":
+            return Annotated[list[typ(s["items"], field_name)], Field(max_length=s.get("maxItems"))]
+        if t == "object":
+            return model_from_schema(s, f"{field_name.title()}{next(_names)}")
+        raise ValueError(f"unsupported schema {s!r}")
+
+    required = set(schema.get("required", []))
+    fields: dict[str, Any] = {}
+    for key, sub in schema["properties"].items():
+        t = typ(sub, key)
+        fields[key] = (t, ...) if key in required else (Optional[t], None)
+    return create_model(name or f"Model{next(_names)}", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def pydantic_models(**schema_opts: Any) -> st.SearchStrategy[type]:
+    """pydantic classes built with ``pydantic.create_model`` from :func:`json_schemas`."""
+    return json_schemas(**schema_opts).map(model_from_schema)
+
+
+def schema_instances(schema: Any) -> st.SearchStrategy[Any]:
+    """Valid instances of a JSON Schema (a dict or a pydantic class), via hypothesis-jsonschema."""
+    from hypothesis_jsonschema import from_schema
+
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        schema = schema.model_json_schema()
+    return from_schema(schema)
+
+
+# ---------------------------------------------------------------------------- decoding
+def constrained_values(spec: Any, *, runtime: Any = None, prompts: Sequence[Any] = ("Answer as JSON.",),
+                       seeds: st.SearchStrategy[int] | None = None, on_error: str = "raise",
+                       return_details: bool = False, **generate_opts: Any) -> st.SearchStrategy[Any]:
+    """Values produced by constrained decoding of ``spec`` (a pydantic class, JSON Schema, Regex,
+    Grammar, Choice, ...) for a prompt drawn from ``prompts`` and a drawn seed.
+
+    ``runtime`` defaults to the embedded model (loaded on first draw). ``on_error``: ``"raise"``
+    (a typed :class:`~dgemma_struct.errors.DgemmaStructError` fails the test), ``"skip"``
+    (the example is rejected) or ``"return"`` (the error object is the drawn value, to assert on
+    it). ``generate_opts`` go to :func:`dgemma_struct.generate` (``max_new_tokens``, ...)."""
+    if on_error not in ("raise", "skip", "return"):
+        raise ValueError("on_error must be 'raise', 'skip' or 'return'")
+    if not prompts:
+        raise ValueError("give at least one prompt")
+    seeds = seeds if seeds is not None else st.integers(0, 2 ** 16)
+
+    @st.composite
+    def values(draw: Any) -> Any:
+        from hypothesis import reject
+
+        from dgemma_struct.api import generate
+
+        prompt = draw(st.sampled_from(list(prompts)))
+        seed = draw(seeds)
+        try:
+            return generate(prompt, spec, runtime=runtime, seed=seed, return_details=return_details,
+                            **generate_opts)
+        except DgemmaStructError as err:
+            if on_error == "skip":
+                reject()
+            if on_error == "return":
+                return err
+            raise
+    return values()
+
+
+# ---------------------------------------------------------------------------- runtimes
+def tiny_runtime(*, seed: int = 0, vocab_size: int = 512, canvas_length: int = 16, max_denoising_steps: int = 6):
+    """A random-weight DiffusionGemma (a few hundred thousand parameters) with a byte-level BPE
+    tokenizer trained on the project's synthetic corpus: fast, offline, outputs are noise but
+    constrained outputs are still valid. For tests of plumbing, not quality."""
+    import torch
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from dgemma_struct.model_config import EOS_ID, EOT_ID, PAD_ID, tiny_config
+    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.sampler import DiffusionSettings
+    from dgemma_struct.training.corpus import make_corpus
+    from dgemma_struct.training.train import build_tokenizer
+
+    corpus = make_corpus(200, seed=5)
+    tok = build_tokenizer([e["prompt"] for e in corpus] + [e["answer"] for e in corpus], vocab_size=vocab_size)
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = DiffusionGemmaForBlockDiffusion(tiny_config(vocab_size=vocab_size, canvas_length=canvas_length)).eval()
+    finally:
+        torch.random.set_rng_state(state)
+    gc = model.generation_config
+    gc.eos_token_id, gc.pad_token_id = [EOS_ID, EOT_ID], PAD_ID
+    rt = DiffusionRuntime(model, tok, name="tiny-random")
+    rt.settings = DiffusionSettings(max_denoising_steps=max_denoising_steps, entropy_bound=0.5,
+                                    confidence_threshold=0.5)
+    return rt
+
+
+def embedded_model_available() -> bool:
+    from dgemma_struct.runtime import EMBEDDED_DIR
+
+    return (EMBEDDED_DIR / "model.safetensors").exists()
+
+
+try:
+    import pytest as _pytest
+except ImportError:  # pragma: no cover - pytest is optional
+    _pytest = None
+
+if _pytest is not None:
+    @_pytest.fixture(scope="session")
+    def embedded_runtime():
+        """The embedded model (session-scoped); skips the test when the checkpoint is missing."""
+        from dgemma_struct.runtime import DiffusionRuntime
+
+        if not embedded_model_available():
+            _pytest.skip("the embedded checkpoint (dgemma_struct/embedded/model.safetensors) is not installed")
+        try:
+            return DiffusionRuntime.default()
+        except ModelLoadError as err:
+            _pytest.skip(f"the embedded model does not load: {err}")
+
+    @_pytest.fixture(scope="session")
+    def tiny_random_runtime():
+        """A session-scoped :func:`tiny_runtime`."""
+        return tiny_runtime()
+else:  # pragma: no cover
+    embedded_runtime = tiny_random_runtime = None

@@ -1,0 +1,32 @@
+"""``running_server``: the app under a real uvicorn on 127.0.0.1:<free port>, in a thread."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import uvicorn
+
+from dgemma_struct.server import ServerConfig, create_app
+
+
+@contextlib.contextmanager
+def running_server(runtime, **config):
+    """Start the app with uvicorn on 127.0.0.1:<free port>; yields the base URL."""
+    cfg = ServerConfig(**config)
+    app = create_app(runtime, cfg)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    t0 = time.monotonic()
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() - t0 > 30:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(15)
