@@ -69,21 +69,10 @@ VALUE: /[A-Za-z0-9_-]+/
 
 # ----------------------------------------------------------------------------------------- runtime
 def tiny_runtime() -> DiffusionRuntime:
-    """The random-weight runtime of tests/generation/conftest.py (for developing this script)."""
-    from transformers import DiffusionGemmaForBlockDiffusion
+    """A random-weight runtime (for developing this script without the embedded model)."""
+    from dgemma_struct.testing import tiny_runtime as build
 
-    from dgemma_struct.model_config import tiny_config
-    from dgemma_struct.sampler import DiffusionSettings
-    from dgemma_struct.training.train import build_tokenizer
-
-    corpus = make_corpus(300, seed=5)
-    tok = build_tokenizer([e["prompt"] for e in corpus] + [e["answer"] for e in corpus], vocab_size=512)
-    torch.manual_seed(0)
-    model = DiffusionGemmaForBlockDiffusion(tiny_config(vocab_size=len(tok), canvas_length=16)).eval()
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = [1, 4], 0
-    rt = DiffusionRuntime(model, tok, name="tiny-random")
-    rt.settings = DiffusionSettings(max_denoising_steps=8, entropy_bound=0.5, confidence_threshold=0.5)
-    return rt
+    return build(max_denoising_steps=8, corpus_size=300)
 
 
 # ----------------------------------------------------------------------------------------- data

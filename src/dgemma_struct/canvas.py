@@ -150,7 +150,8 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             if finished_denoising.any():
                 new_argmax = torch.where(finished_denoising[:, None], argmax, new_argmax)
                 new_canvas = torch.where(finished_denoising[:, None], canvas, new_canvas)
-                logits = torch.where(finished_denoising[:, None, None], sc_logits, logits)
+                if sc_logits is not None:  # None when a row was finished by the hook before step 1
+                    logits = torch.where(finished_denoising[:, None, None], sc_logits, logits)
             finished_denoising |= stopper(new_argmax, logits)
             if hook is not None:
                 finished_denoising |= view.done
@@ -165,7 +166,8 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         committed = argmax
         if hook is not None:
             t0 = time.perf_counter()
-            view.logits = sc_logits
+            if sc_logits is not None:  # else no step ran: the hook finished every row up front
+                view.logits = sc_logits
             committed = hook.finish_canvas(view, argmax)
             hook_s += time.perf_counter() - t0
         sequences = torch.cat([sequences, committed], dim=-1)

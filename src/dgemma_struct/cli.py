@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train", help="train the embedded model (tokenizer + diffusion and AR objectives)")
     p.add_argument("--out", default="runs/embedded")
     p.add_argument("--minutes", type=float, default=45.0)
-    p.add_argument("--max-steps", type=int, default=100_000)
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="step budget; makes the LR schedule (and the run) deterministic")
     p.add_argument("--batch-size", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)

@@ -166,7 +166,7 @@ class ConstraintGuide:
             if w is None:
                 continue
             f = self._n_frozen[b]
-            if f < L and bool(view.active[b]):
+            if f < L and bool(view.active[b]) and view.logits.numel():
                 fill = w.greedy_fill(view.logits[b, f:].float(), L - f)
                 if fill:
                     self._freeze(view, b, fill)
@@ -180,6 +180,8 @@ class ConstraintGuide:
 
     # ------------------------------------------------------------------ AR mode
     def mask_ar_logits(self, logits: torch.Tensor, active: torch.Tensor) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise GenerationTimeout("generation exceeded its timeout")
         t0 = time.perf_counter()
         rows, masks = [], []
         for b, w in enumerate(self.walkers):

@@ -163,7 +163,8 @@ def constrained_values(spec: Any, *, runtime: Any = None, prompts: Sequence[Any]
 
 
 # ---------------------------------------------------------------------------- runtimes
-def tiny_runtime(*, seed: int = 0, vocab_size: int = 512, canvas_length: int = 16, max_denoising_steps: int = 6):
+def tiny_runtime(*, seed: int = 0, vocab_size: int = 512, canvas_length: int = 16, max_denoising_steps: int = 6,
+                 corpus_size: int = 200):
     """A random-weight DiffusionGemma (a few hundred thousand parameters) with a byte-level BPE
     tokenizer trained on the project's synthetic corpus: fast, offline, outputs are noise but
     constrained outputs are still valid. For tests of plumbing, not quality."""
@@ -176,7 +177,7 @@ def tiny_runtime(*, seed: int = 0, vocab_size: int = 512, canvas_length: int = 1
     from dgemma_struct.training.corpus import make_corpus
     from dgemma_struct.training.train import build_tokenizer
 
-    corpus = make_corpus(200, seed=5)
+    corpus = make_corpus(corpus_size, seed=5)  # the tokenizer's training text
     tok = build_tokenizer([e["prompt"] for e in corpus] + [e["answer"] for e in corpus], vocab_size=vocab_size)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)

@@ -86,7 +86,8 @@ def test_builtin_grammars(hf_tok):
     a = compile_constraint(Grammar("arithmetic"), tokenizer=hf_tok)
     assert a.matches("1+2*(3-4.5)/-6") and not a.matches("1+*2")
     kv = compile_constraint(Grammar(names["key_value"]), tokenizer=hf_tok)
-    assert kv.matches('name=Alice, age=42, city="New York"') and not kv.matches("name=")
+    assert kv.matches('name=Alice;age=42;city="New York"') and not kv.matches("name=")
+    assert kv.matches("mode=fast;level=3") and not kv.matches("mode=fast, level=3")
 
 
 def test_lark_grammar_files(hf_tok, data_dir):

@@ -162,3 +162,27 @@ def test_junk_in_strings_is_detected():
 
     assert junk_paths({"a": "ok", "b": ['x"}', "fine"], "c": {"d": "} []"}}) == [("b", 0), ("c", "d")]
     assert junk_paths({"email": "a@b.com", "n": 3}) == []
+
+
+def test_batch_row_finished_by_forced_tokens_before_first_step(tiny_runtime):
+    # A `const` row is written entirely by forced tokens in start_canvas, so it is done before the
+    # first forward while its neighbour still denoises (once crashed on missing self-conditioning logits).
+    out = generate_batch(["Say hello.", "Give a number."], [{"const": "hello"}, {"type": "integer"}],
+                         runtime=tiny_runtime, max_new_tokens=16, seed=0, return_exceptions=True)
+    assert not isinstance(out[0], Exception) and out[0].value == "hello" and out[0].text == '"hello"'
+    assert not isinstance(out[1], Exception), out[1]
+    assert isinstance(out[1].value, int) and not isinstance(out[1].value, bool)
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_deadline_stops_a_running_loop(tiny_runtime, mode):
+    # The guide itself enforces the deadline at each step, in both loops (AR once ignored it).
+    import time
+
+    from dgemma_struct.api import constraint_for
+    from dgemma_struct.guide import ConstraintGuide
+
+    walker = constraint_for(SCHEMA, tiny_runtime).canvas_walker()
+    guide = ConstraintGuide([walker], pad_token_id=0, deadline=time.monotonic() - 1.0)
+    with pytest.raises(errors.GenerationTimeout):
+        tiny_runtime.generate("hello", max_new_tokens=16, seed=0, mode=mode, hook=guide)

@@ -114,11 +114,15 @@ def loss_on_batch(model, batch: dict, self_condition: bool):
     return diff_loss, ar_loss
 
 
-def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int = 100_000, batch_size: int = 24,
+def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None = None, batch_size: int = 24,
           lr: float = 2e-3, seed: int = 0, corpus_size: int = 60_000, vocab_size: int = 1024,
           threads: int = 2, log_every: int = 25, resume: bool = False) -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
-    checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it."""
+    checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
+
+    With ``max_steps`` the learning-rate schedule follows steps, so a run is deterministic for a
+    seed and thread count (``minutes`` is then only a safety cap); without it the schedule follows
+    wall time, which fits a budget but depends on the machine's speed."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
     torch.set_num_threads(threads)
@@ -152,12 +156,13 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int = 100_00
     total_s = minutes * 60
     start = time.time()
     step = 0
+    step_budget = max_steps if max_steps is not None else 10**9
     bar = tqdm(total=max_steps, desc="train", unit="step", mininterval=5)
-    while step < max_steps:
+    while step < step_budget:
         elapsed = time.time() - start
         if elapsed > total_s:
             break
-        frac = min(1.0, elapsed / total_s)
+        frac = min(1.0, step / max_steps if max_steps is not None else elapsed / total_s)
         cur_lr = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = cur_lr
@@ -185,7 +190,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int = 100_00
     meta = {"steps": step + step_offset, "minutes": round((time.time() - start) / 60 + minutes_offset, 2),
             "phases": (meta0.get("phases", 1) + 1) if resume else 1, "batch_size": batch_size, "lr": lr,
             "seed": seed, "corpus_size": corpus_size, "vocab_size": len(tokenizer), "parameters": n_params,
-            "canvas_length": config.canvas_length, "threads": threads}
+            "canvas_length": config.canvas_length, "threads": threads,
+            "schedule": "steps" if max_steps is not None else "wall-time"}
     (out_dir / "training_log.json").write_text(json.dumps(log))
     (out_dir / "training_meta.json").write_text(json.dumps(meta, indent=1))
     return meta
