@@ -56,15 +56,6 @@ ARMS = ["diffusion", "diffusion+c", "ar+c", "ar"]
 ARM_LABEL = {"diffusion": "unconstrained diffusion", "diffusion+c": "constrained diffusion",
              "ar+c": "constrained AR", "ar": "unconstrained AR"}
 JUNK_CHARS = set('{}[]":')
-# The corpus writes key=value answers joined by ";" while the built-in ``key_value`` grammar joins
-# pairs with ", " (so multi-pair gold answers do not match it). The short-answer section also runs
-# the kv prompts under this grammar, which matches the corpus format, as family "kv(;)".
-KV_SEMICOLON = r"""
-start: pair (";" pair)*
-pair: KEY "=" VALUE
-KEY: /[a-z_]+/
-VALUE: /[A-Za-z0-9_-]+/
-"""
 
 
 # ----------------------------------------------------------------------------------------- runtime
@@ -325,10 +316,6 @@ def bench_short(rt, exs, args, log) -> list[dict]:
             r["answer_matches_spec"] = c.matches(ex["answer"])
             row[arm] = r
         rows.append(row)
-        if ex["family"] == "kv" and args.kv_semicolon:
-            rows.extend(bench_short(rt, [{**ex, "family": "kv(;)", "schema": {"grammar": KV_SEMICOLON}}],
-                                    argparse.Namespace(**{**vars(args), "kv_semicolon": False, "seed": args.seed + i}),
-                                    lambda m: None))
         log(f"short {i + 1}/{len(exs)} {ex['family']:9s} " + " ".join(
             f"{a}={'V' if row[a]['valid'] else 'x'}{'=' if row[a]['exact'] else ''}" for a in ARMS))
     return rows
@@ -337,7 +324,7 @@ def bench_short(rt, exs, args, log) -> list[dict]:
 def summarise_short(rows: list[dict]) -> dict:
     out = {}
     for arm in ARMS:
-        rs = [r[arm] for r in rows if r["family"] != "kv(;)"]  # the extra kv run is reported per family only
+        rs = [r[arm] for r in rows]
         n = len(rs)
         out[arm] = {"n": n, "validity": mean(1.0 if r["valid"] else 0.0 for r in rs),
                     "validity_stripped": mean(1.0 if r["valid_stripped"] else 0.0 for r in rs),
@@ -487,9 +474,7 @@ def write_md(res: dict, path: Path) -> None:
     ss = res["short"]["summary"]
     L += ["", "## Short-answer tasks (regex / choice / grammar)", "",
           "Validity = the output is accepted by the task's constraint (`Constraint.matches`), as is; "
-          "\"stripped\" = after `str.strip()`. Exact = stripped output equals the gold answer. "
-          "`kv(;)` = the kv prompts again under a `;`-separated key=value grammar that matches the corpus "
-          "answers (the built-in `key_value` grammar separates pairs with `, `); it is not in the totals.", "",
+          "\"stripped\" = after `str.strip()`. Exact = stripped output equals the gold answer.", "",
           "| metric | " + " | ".join(ARM_LABEL[a] for a in ARMS) + " |", "|---|" + "--:|" * len(ARMS)]
     for name, k, fmt in [("validity", "validity", pct), ("validity (stripped)", "validity_stripped", pct),
                          ("exact match", "exact_match", pct), ("tokens per forward", "tpf", f2),
@@ -603,8 +588,6 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--short-max-new-tokens", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=60.0, help="per constrained request (timeout_s)")
-    ap.add_argument("--no-kv-semicolon", dest="kv_semicolon", action="store_false",
-                    help="skip the kv prompts under a ';'-separated grammar")
     ap.add_argument("--tiny", action="store_true", help="random tiny runtime instead of the embedded model")
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "e2e"))

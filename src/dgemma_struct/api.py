@@ -51,15 +51,35 @@ class _Issue:
     message: str
 
 
-def junk_paths(value: Any, path: tuple = ()) -> list[tuple]:
-    """Paths of string values holding JSON punctuation or control characters: the signature of a
-    model whose structural tokens were masked out and absorbed into a string."""
-    if isinstance(value, str):
-        return [path] if _JUNK.search(value) else []
+def _keys_of(value: Any) -> set[str]:
+    """Object keys in a JSON value, or property names in a JSON Schema (any depth)."""
     if isinstance(value, dict):
-        return [p for k, v in value.items() for p in junk_paths(v, path + (k,))]
+        return set(value).union(*(_keys_of(v) for v in value.values()))
     if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in junk_paths(v, path + (i,))]
+        return set().union(*(_keys_of(v) for v in value))
+    return set()
+
+
+def junk_paths(value: Any, path: tuple = (), _leak: re.Pattern | None = None, *,
+               schema: Any = None) -> list[tuple]:
+    """Paths of string values that hold JSON punctuation or control characters, or two key names
+    back to back (``"addresscity"``; keys of the value and, given ``schema``, its property names):
+    the signature of a model whose structural tokens were masked out and absorbed into a string.
+
+    >>> junk_paths({"a": "ok", "b": ["x}", "y"], "city": "addresscity", "address": "Main St"})
+    [('b', 0), ('city',)]
+    """
+    if _leak is None:
+        names = _keys_of(value) | (set(_keys_of(schema.get("properties", {}))) if isinstance(schema, dict) else set())
+        keys = sorted((k for k in names if len(k) >= 3 and not k.startswith("$")), key=len, reverse=True)
+        alt = "|".join(map(re.escape, keys))
+        _leak = re.compile(f"(?:{alt})(?:{alt})", re.IGNORECASE) if keys else re.compile(r"(?!)")
+    if isinstance(value, str):
+        return [path] if _JUNK.search(value) or _leak.search(value) else []
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in junk_paths(v, path + (k,), _leak)]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in junk_paths(v, path + (i,), _leak)]
     return []
 
 
@@ -205,7 +225,7 @@ class _Session:
         outcome = self.c.validate_text(self.text_of(a.tokens))
         if outcome.ok:
             value = outcome.value.model_dump() if hasattr(outcome.value, "model_dump") else outcome.value
-            junk = junk_paths(value) if self.repair_junk and self.c.kind == "json" else []
+            junk = junk_paths(value, schema=self.c.schema) if self.repair_junk and self.c.kind == "json" else []
             if junk and attempt < self.max_repairs:
                 self.stats.junk_repairs += 1
                 self._last_issues = [_Issue(p, "structural junk inside a string") for p in junk]

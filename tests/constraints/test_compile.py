@@ -221,3 +221,18 @@ def test_compile_limits_are_typed(hf_tok):
         compile_constraint(Regex("(a|b|c|d){1,5000}x{1,5000}(e|f){1,9000}"), tokenizer=hf_tok, use_cache=False)
     except (ConstraintCompileTimeout, RegexError):
         pass
+
+
+def test_outlines_output_types_are_specs(hf_tok):
+    ot = pytest.importorskip("outlines.types", reason="outlines is not installed (pip install outlines)")
+    r = compile_constraint(ot.Regex(r"\d{3}-\d{4}"), tokenizer=hf_tok)
+    assert r.matches("555-1234") and not r.matches("5551234")
+    js = compile_constraint(ot.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}},
+                                           "required": ["a"]}), tokenizer=hf_tok)
+    assert js.matches('{"a":3}') and not js.matches('{"a":"3"}')
+    g = compile_constraint(ot.CFG('start: "a"+'), tokenizer=hf_tok)
+    assert g.matches("aaa") and not g.matches("ab")
+    e = compile_constraint(ot.either("yes", "no"), tokenizer=hf_tok)
+    assert e.matches("yes") and not e.matches("maybe")
+    i = compile_constraint(ot.integer, tokenizer=hf_tok)
+    assert i.matches("-42") and not i.matches("4.2")

@@ -186,3 +186,14 @@ def test_deadline_stops_a_running_loop(tiny_runtime, mode):
     guide = ConstraintGuide([walker], pad_token_id=0, deadline=time.monotonic() - 1.0)
     with pytest.raises(errors.GenerationTimeout):
         tiny_runtime.generate("hello", max_new_tokens=16, seed=0, mode=mode, hook=guide)
+
+
+def test_leaked_key_names_count_as_junk():
+    from dgemma_struct.api import junk_paths
+
+    schema = {"type": "object", "properties": {"job": {"type": "string"},
+                                               "address": {"type": "object", "properties": {"city": {}}}}}
+    assert junk_paths({"job": "addressaddresscitycity"}, schema=schema) == [("job",)]
+    assert junk_paths({"job": "Cityaddress"}, schema=schema) == [("job",)]
+    # one key name inside ordinary text is not junk
+    assert junk_paths({"job": "city planner", "address": {"city": "Lyon"}}, schema=schema) == []
