@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", default=None)
     args = ap.parse_args()
-    ray.init(include_dashboard=False)
+    ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")  # loopback only
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     serve.run(build(args.model, args.replicas, api_key=args.api_key), name="dgemma-struct", route_prefix="/")
     print(f"serving on http://127.0.0.1:{args.port} with {args.replicas} replicas; Ctrl-C to stop")

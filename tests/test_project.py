@@ -1,6 +1,12 @@
 """Project-level promises: the README's two commands, CI running exactly the second, the
 embedded checkpoint shipped as package data."""
+import fnmatch
 import re
+import subprocess
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 from importlib import resources
 from pathlib import Path
 
@@ -21,7 +27,12 @@ def test_readme_has_exactly_two_quick_start_commands():
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "sed -n 2p" in ci and "README.md" in ci and "set -euo pipefail" in ci
+    assert "set -euo pipefail" in ci
+    # run the script's own extraction line and compare with the README's second command
+    extract = next(line for line in ci.splitlines() if line.startswith("cmd="))
+    out = subprocess.run(["bash", "-c", f'{extract}; printf %s "$cmd"'], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out == _readme_commands()[1]
 
 
 def test_torch_is_pinned():
@@ -29,8 +40,23 @@ def test_torch_is_pinned():
     assert re.search(r'"torch==2\.13\.0"', pyproject)
 
 
+def _package_data(package: str) -> list[str]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return data["tool"]["setuptools"]["package-data"][package]
+
+
 def test_embedded_checkpoint_is_package_data():
     files = {p.name for p in resources.files("dgemma_struct.embedded").iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= files
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    assert '"dgemma_struct.embedded" = ["*.json", "*.safetensors"' in pyproject
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json", "chat_template.jinja"} <= files
+    # every checkpoint file ships in the wheel (a missing chat template once fell back silently)
+    patterns = _package_data("dgemma_struct.embedded")
+    for name in files - {"__init__.py", "__pycache__"}:
+        assert any(fnmatch.fnmatch(name, pat) for pat in patterns), f"{name} is not package data"
+
+
+def test_builtin_grammars_are_package_data():
+    patterns = _package_data("dgemma_struct.grammars")
+    for p in (ROOT / "grammars").iterdir():
+        if p.suffix not in (".py", ".pyc") and p.is_file():
+            assert any(fnmatch.fnmatch(p.name, pat) for pat in patterns), f"{p.name} is not package data"

@@ -83,11 +83,17 @@ def corrupt(draw, toks, V):
     return toks
 
 
-def check_rows(c, rows, n_valid, accepting_expected=None):
+def check_rows(c, rows, draft, n_valid, stopped):
     V = c.vocab_size
     allowed = bitmask_to_bool(rows, V)
     # pad, bos, start_of_turn, unk are never allowed
     assert not allowed[:, [0, 2, 3, 5]].any()
+    # every token of the valid prefix was allowed at its position ...
+    for i in range(n_valid):
+        assert allowed[i, draft[i]], (i, draft[i])
+    # ... and the walk stopped at the first token its mask forbids (or after a stop token)
+    if not stopped and n_valid < len(draft) and 0 <= draft[n_valid] < V:
+        assert not allowed[n_valid, draft[n_valid]]
     return allowed
 
 
@@ -102,7 +108,7 @@ def test_walk_equals_fresh_matcher(cons, hf_tok, data, text):
     assert res.n_valid == n_ref
     assert res.bitmasks.shape == (n_ref + 1, (cons.vocab_size + 31) // 32)
     np.testing.assert_array_equal(res.bitmasks, rows_ref)
-    check_rows(cons, res.bitmasks, res.n_valid)
+    check_rows(cons, res.bitmasks, draft, res.n_valid, res.stopped)
     if draft == toks:
         assert res.n_valid == len(hf_tok.encode(text)) + 1 and res.stopped and res.accepting
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from dgemma_struct import generate
 from dgemma_struct.api import constraint_for
-from dgemma_struct.errors import DgemmaStructError
+from dgemma_struct.errors import DgemmaStructError, GenerationFailed, GenerationTimeout, LengthError
 from dgemma_struct.testing import constrained_values, json_schemas, pydantic_models, schema_instances
 
 FAST = settings(max_examples=15, deadline=None, database=None, derandomize=True,
@@ -30,27 +30,47 @@ def test_schemas_are_satisfiable(data):
     jsonschema.validate(data.draw(schema_instances(schema)), schema)
 
 
-@FAST
-@given(json_schemas(), st.sampled_from(PROMPTS), st.integers(0, 1000))
-def test_every_output_validates_every_failure_is_typed(rt, schema, prompt, seed):
-    try:
-        res = generate(prompt, schema, runtime=rt, max_new_tokens=96, seed=seed, return_details=True)
-    except DgemmaStructError:
-        return
-    jsonschema.validate(res.value, schema)
-    assert res.stats.finish_reason == "stop"
+# A random-weight model can run out of tokens or repairs; that must be a typed *generation* error,
+# never a schema error for a schema the strategy produced, and most examples must succeed.
+GENERATION_ERRORS = (LengthError, GenerationFailed, GenerationTimeout)
 
 
-@FAST
-@given(pydantic_models(), st.integers(0, 1000))
-def test_pydantic_models_roundtrip(rt, model, seed):
-    try:
-        value = generate(PROMPTS[0], model, runtime=rt, max_new_tokens=96, seed=seed)
-    except DgemmaStructError:
-        return
-    assert isinstance(value, model)
-    assert model.model_validate(value.model_dump()) == value
-    jsonschema.validate(value.model_dump(mode="json"), model.model_json_schema())
+def test_every_output_validates_every_failure_is_typed(rt):
+    outcomes = []
+
+    @FAST
+    @given(json_schemas(), st.sampled_from(PROMPTS), st.integers(0, 1000))
+    def check(schema, prompt, seed):
+        try:
+            res = generate(prompt, schema, runtime=rt, max_new_tokens=96, seed=seed, return_details=True)
+        except GENERATION_ERRORS as err:
+            outcomes.append(type(err).__name__)
+            return
+        jsonschema.validate(res.value, schema)
+        assert res.stats.finish_reason == "stop"
+        outcomes.append("ok")
+
+    check()
+    assert outcomes.count("ok") >= len(outcomes) // 2, outcomes
+
+
+def test_pydantic_models_roundtrip(rt):
+    outcomes = []
+
+    @FAST
+    @given(pydantic_models(), st.integers(0, 1000))
+    def check(model, seed):
+        try:
+            value = generate(PROMPTS[0], model, runtime=rt, max_new_tokens=96, seed=seed)
+        except GENERATION_ERRORS as err:
+            outcomes.append(type(err).__name__)
+            return
+        assert type(value) is model
+        jsonschema.validate(value.model_dump(mode="json"), model.model_json_schema())
+        outcomes.append("ok")
+
+    check()
+    assert outcomes.count("ok") >= len(outcomes) // 2, outcomes
 
 
 def test_constrained_values_strategy(rt):
@@ -65,4 +85,4 @@ def test_constrained_values_strategy(rt):
         seen.append(value)
 
     check()
-    assert seen
+    assert any(not isinstance(v, DgemmaStructError) for v in seen), seen

@@ -286,6 +286,41 @@ def test_auto_backend_is_torch_on_cpu():
         resolve_backend("cuda", torch.zeros(1))
 
 
+def test_env_var_overrides_auto(monkeypatch):
+    monkeypatch.setenv("DGEMMA_STRUCT_KERNELS", "torch")
+    assert resolve_backend("auto", torch.zeros(1)) == "torch"
+    if triton_available():
+        monkeypatch.setenv("DGEMMA_STRUCT_KERNELS", "triton")
+        assert resolve_backend("auto", torch.zeros(1)) == "triton"
+
+
+@needs_triton
+def test_triton_self_check_passes_where_the_kernels_work():
+    from dgemma_struct.kernels import _backend
+
+    _backend.triton_self_check.cache_clear()
+    assert _backend.triton_self_check(DEV) is True
+
+
+def test_triton_self_check_degrades_to_torch_with_a_warning(monkeypatch):
+    # A Triton build that fails (or computes wrong masks) must never be used by "auto".
+    from dgemma_struct.kernels import _backend
+
+    def broken():
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(_backend, "load_triton_module", broken)
+    monkeypatch.setattr("dgemma_struct.kernels.bitmask.load_triton_module", broken)
+    monkeypatch.setattr("dgemma_struct.kernels.stats.load_triton_module", broken)
+    monkeypatch.setattr(_backend, "triton_available", lambda: True)
+    _backend.triton_self_check.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="self-check"):
+            assert _backend.triton_self_check("cpu") is False
+    finally:
+        _backend.triton_self_check.cache_clear()
+
+
 def test_package_import_does_not_import_triton_and_works_without_it():
     code = (
         "import sys, torch\n"
