@@ -118,7 +118,8 @@ class _Session:
 
     def __init__(self, runtime: DiffusionRuntime, prompt_ids: list[int], constraint: Constraint, *,
                  max_new_tokens: int, seed: int | None, mode: str, max_repairs: int, fallback: bool,
-                 deadline: float | None, progress: bool = True, repair_junk: bool = True):
+                 deadline: float | None, progress: bool = True, repair_junk: bool = True,
+                 close_on_budget: bool = True):
         self.rt = runtime
         self.prompt_ids = prompt_ids
         self.c = constraint
@@ -130,6 +131,7 @@ class _Session:
         self.deadline = deadline
         self.progress = progress
         self.repair_junk = repair_junk
+        self.close_on_budget = close_on_budget
         self.stats = GenerationStats(mode=mode)
         self.errors: list[str] = []
 
@@ -139,7 +141,8 @@ class _Session:
         if prefix:
             w.commit(prefix)
         return ConstraintGuide([w], pad_token_id=self.rt.pad_token_id or 0, progress=self.progress,
-                               deadline=self.deadline)
+                               deadline=self.deadline, budgets=[self.max_new - len(prefix)],
+                               close_on_budget=self.close_on_budget)
 
     def absorb(self, res: GenerationResult, guide: ConstraintGuide, prefix: list[int]) -> _Attempt:
         s = res.stats
@@ -150,6 +153,7 @@ class _Session:
         agg.model_s += s.model_s
         agg.mask_s += guide.mask_s
         agg.forced_tokens += guide.forced[0]
+        agg.budget_closing = agg.budget_closing or guide.closing[0]
         w = guide.walkers[0]
         gen = list(w.frozen_tokens)
         complete = bool(gen) and gen[-1] in self.c.stop_token_ids
@@ -255,7 +259,8 @@ class _Session:
 
 def _session(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, *, max_new_tokens: int, seed: int | None,
              mode: str, max_repairs: int, strict: bool, fallback: bool, timeout_s: float | None,
-             whitespace: str, progress: bool = True, repair_junk: bool = True) -> _Session:
+             whitespace: str, progress: bool = True, repair_junk: bool = True,
+             close_on_budget: bool = True) -> _Session:
     _check_options(max_new_tokens, mode, max_repairs)
     rt = _runtime(runtime)
     constraint = constraint_for(spec, rt, strict=strict, whitespace=whitespace)
@@ -268,22 +273,29 @@ def _session(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, *, max
     deadline = time.monotonic() + timeout_s if timeout_s else None
     return _Session(rt, prompt_ids, constraint, max_new_tokens=max_new_tokens, seed=seed, mode=mode,
                     max_repairs=max_repairs, fallback=fallback, deadline=deadline, progress=progress,
-                    repair_junk=repair_junk)
+                    repair_junk=repair_junk, close_on_budget=close_on_budget)
 
 
 def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None, max_new_tokens: int = 128,
              seed: int | None = 0, mode: str = "diffusion", max_repairs: int = 2, strict: bool = False,
              fallback: bool = True, timeout_s: float | None = None, whitespace: str = "compact",
-             progress: bool = True, repair_junk: bool = True, return_details: bool = False) -> Any:
+             progress: bool = True, repair_junk: bool = True, close_on_budget: bool = True,
+             return_details: bool = False) -> Any:
     """Generate an output that satisfies ``spec`` (pydantic model, JSON-Schema dict, ``Regex``,
     ``Grammar``, ``Choice``, ``Literal``/``Enum`` type, or a compiled ``Constraint``).
 
     Returns the value (a pydantic instance, a JSON value, or the text), or with
     ``return_details=True`` a :class:`GenerationResult` with ``.value``, ``.text``, ``.stats``.
-    Raises a :class:`~dgemma_struct.errors.DgemmaStructError` subclass, never an invalid value."""
+    Raises a :class:`~dgemma_struct.errors.DgemmaStructError` subclass, never an invalid value.
+
+    ``close_on_budget``: near the end of ``max_new_tokens`` the allowed tokens that close the output
+    (``"``, ``}``, ``]``, EOS) are preferred, so a long string is cut short instead of the request
+    failing with :class:`~dgemma_struct.errors.LengthError` (``stats.budget_closing`` tells).
+    Set it to False to get the error instead."""
     session = _session(prompt, spec, runtime, max_new_tokens=max_new_tokens, seed=seed, mode=mode,
                        max_repairs=max_repairs, strict=strict, fallback=fallback, timeout_s=timeout_s,
-                       whitespace=whitespace, progress=progress, repair_junk=repair_junk)
+                       whitespace=whitespace, progress=progress, repair_junk=repair_junk,
+                       close_on_budget=close_on_budget)
     result = session.solve()
     return result if return_details else result.value
 
@@ -312,7 +324,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                    max_new_tokens: int = 128, seed: int | None = 0, mode: str = "diffusion", max_repairs: int = 2,
                    strict: bool = False, fallback: bool = True, timeout_s: float | None = None,
                    whitespace: str = "compact", progress: bool = True, repair_junk: bool = True,
-                   return_exceptions: bool = False) -> list[Any]:
+                   close_on_budget: bool = True, return_exceptions: bool = False) -> list[Any]:
     """Constrained generation for many prompts in one batched canvas loop; each row has its own
     constraint (``specs`` is one spec for all rows or one per row). Rows that fail validation are
     repaired one by one. Returns :class:`GenerationResult` objects (or, with
@@ -325,7 +337,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
         return []
     opts = dict(max_new_tokens=max_new_tokens, seed=seed, mode=mode, max_repairs=max_repairs, strict=strict,
                 fallback=fallback, timeout_s=timeout_s, whitespace=whitespace, progress=progress,
-                repair_junk=repair_junk)
+                repair_junk=repair_junk, close_on_budget=close_on_budget)
     rt = _runtime(runtime)
     sessions: list[_Session | DgemmaStructError] = []
     for p, s in zip(prompts, specs):
@@ -341,7 +353,8 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
         t0 = time.perf_counter()
         guides = [sessions[i].guide_for([]) for i in live]
         guide = ConstraintGuide([g.walkers[0] for g in guides], pad_token_id=rt.pad_token_id or 0,
-                                progress=progress, deadline=sessions[live[0]].deadline)
+                                progress=progress, deadline=sessions[live[0]].deadline,
+                                budgets=[max_new_tokens] * len(live), close_on_budget=close_on_budget)
         results = rt.generate_ids([sessions[i].prompt_ids for i in live], max_new_tokens=max_new_tokens, seed=seed,
                                   mode=mode, hook=guide)
         for j, i in enumerate(live):
@@ -349,6 +362,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
             single = ConstraintGuide([guide.walkers[j]], pad_token_id=rt.pad_token_id or 0)
             single.mask_s, single.forced, single.dead_end = guide.mask_s / len(live), [guide.forced[j]], \
                 [guide.dead_end[j]]
+            single.closing = [guide.closing[j]]
             attempt = sess.absorb(results[j], single, [])
             try:
                 out[i] = sess.solve(first=attempt, t0=t0)

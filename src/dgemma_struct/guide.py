@@ -33,13 +33,47 @@ from dgemma_struct.hooks import StepView
 from dgemma_struct.kernels import apply_token_bitmask_
 
 
+_CLOSER_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def closer_ids(walker: CanvasWalker) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens that start with ``"`` and hold only ``"``/``]``/``}``, tokens of only ``]``/``}``),
+    longest first, cached per tokenizer: the candidates of budget-aware closing."""
+    info = walker.constraint.tokenizer_info
+    hit = _CLOSER_CACHE.get(info.key)
+    if hit is None:
+        quote, bracket = {}, {}
+        for t in range(info.vocab_size):
+            if t in info.special_token_ids:
+                continue
+            bs = info.lltok.decode_bytes([t])
+            if bs and all(ch in b'"]}' for ch in bs):
+                (quote if bs[:1] == b'"' else bracket if b'"' not in bs else {})[t] = len(bs)
+        hit = _CLOSER_CACHE[info.key] = tuple(np.asarray(sorted(d, key=lambda t: -d[t]), dtype=np.int64)
+                                              for d in (quote, bracket))
+    return hit
+
+
 class ConstraintGuide:
     """Constrains each batch row with its own walker (``None`` = unconstrained row)."""
 
     def __init__(self, walkers: Sequence[CanvasWalker | None], *, pad_token_id: int, progress: bool = True,
                  force_tokens: bool = True, renoise_invalid: bool = False, stall_steps: int = 8,
-                 deadline: float | None = None):
+                 deadline: float | None = None, budgets: Sequence[int] | None = None,
+                 close_on_budget: bool = False, closing_window: int | None = None):
         self.walkers = list(walkers)
+        # ``budgets``: per row, the most tokens it may commit, its stop token included (the canvas
+        # holds whole blocks, so without a cap a row could commit past max_new_tokens).
+        # Budget-aware closing: once a row's remaining tokens are no more than the length of a
+        # closing plan (CanvasWalker.closing_plan: close strings, arrays and objects, EOS) plus
+        # ``closing_window`` tokens of margin (default 2), the plan's tokens get a large logit
+        # bonus, position by position from the frontier. The bonus is added to masked logits, so it
+        # never unmasks anything: the output stays exact, it only ends sooner.
+        self.budgets = list(budgets) if budgets is not None else None
+        self.close_on_budget = close_on_budget and budgets is not None
+        self.closing_window = closing_window
+        self.closing = [False] * len(self.walkers)  # the row entered its closing window
+        self._closing_est: dict[int, tuple] = {}     # row -> ((row, frozen length), estimated closing length)
         self.pad = pad_token_id
         self.progress = progress
         self.force_tokens = force_tokens
@@ -67,6 +101,18 @@ class ConstraintGuide:
         f = self._n_frozen[b]
         L = view.frozen.shape[1]
         tokens = tokens[: L - f]
+        if self.budgets is not None:  # at most budget - 1 tokens, then only a stop token
+            room = max(0, self.budgets[b] - 1 - (len(w.frozen_tokens) - self.start[b]))
+            keep = tokens[:room]
+            if len(tokens) > room and tokens[room] in w.stop_token_ids:
+                keep.append(tokens[room])
+            if not keep and tokens:  # budget spent without a stop token: the row is over (incomplete)
+                view.frozen[b, f:] = True
+                view.frozen_tokens[b, f:] = self.pad
+                self._n_frozen[b] = L
+                view.done[b] = True
+                return
+            tokens = keep
         if not tokens:
             return
         w.commit(tokens)
@@ -123,7 +169,41 @@ class ConstraintGuide:
         if rows:
             apply_token_bitmask_(logits.view(B * L, V), np.concatenate(masks, axis=0),
                                  indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
+        if self.close_on_budget:
+            for b, w in enumerate(self.walkers):
+                f = self._n_frozen[b]
+                if w is None or f >= L or bool(view.done[b]):
+                    continue
+                plan = self._closing_plan(b)
+                if plan is not None:
+                    self._bias_plan(logits[b, f:], plan, w.stop_token_ids)
+                    self.closing[b] = True
         self.mask_s += time.perf_counter() - t0
+
+    def _closing_plan(self, b: int) -> list[int] | None:
+        """Row ``b``'s closing plan when it must close now, else None. It must close when the
+        tokens left before its stop token are no more than the plan's length plus a margin (so
+        forced keys and brackets still fit)."""
+        w = self.walkers[b]
+        remaining = self.budgets[b] - 1 - (len(w.frozen_tokens) - self.start[b])  # before the stop token
+        margin = self.closing_window if self.closing_window is not None else 2
+        if remaining > 96:  # far from the end: skip the estimate
+            return None
+        key = len(w.frozen_tokens)
+        if self._closing_est.get(b, (None,))[0] != key:
+            self._closing_est[b] = (key, w.closing_plan(*closer_ids(w), remaining))
+        plan = self._closing_est[b][1]
+        if plan is None:  # no plan fits: any allowed closer is the best bet
+            return []
+        return plan if remaining <= len(plan) + margin else None
+
+    def _bias_plan(self, logits: torch.Tensor, plan: list[int], stop_ids: Sequence[int]) -> None:
+        """``logits``: ``[n, V]`` rows from the frontier; prefer ``plan[i]`` at row i, then a stop token."""
+        n = logits.shape[0]
+        for i, t in enumerate(plan[:n]):
+            logits[i, t] += 1e4
+        if len(plan) < n:
+            logits[len(plan), list(stop_ids)] += 1e4
 
     def accept(self, view: StepView) -> None:
         t0 = time.perf_counter()
@@ -192,6 +272,12 @@ class ConstraintGuide:
         if rows:
             apply_token_bitmask_(logits, np.concatenate(masks, axis=0),
                                  indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
+        if self.close_on_budget:
+            for b in rows:
+                plan = self._closing_plan(b)
+                if plan is not None:
+                    self._bias_plan(logits[b:b + 1], plan, self.walkers[b].stop_token_ids)
+                    self.closing[b] = True
         self.mask_s += time.perf_counter() - t0
 
     def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:

@@ -27,6 +27,7 @@ class GenerationStats:
     repairs: int = 0
     junk_repairs: int = 0
     fallback: bool = False
+    budget_closing: bool = False  # the output was steered to close near the end of its token budget
     finish_reason: str = "stop"
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from typing import Literal
 
 import jsonschema
 import pytest
+import torch
 from pydantic import BaseModel, field_validator
 
 from dgemma_struct import (Choice, GenerationResult, Grammar, Regex, errors, generate, generate_batch,
@@ -197,3 +198,44 @@ def test_leaked_key_names_count_as_junk():
     assert junk_paths({"job": "Cityaddress"}, schema=schema) == [("job",)]
     # one key name inside ordinary text is not junk
     assert junk_paths({"job": "city planner", "address": {"city": "Lyon"}}, schema=schema) == []
+
+
+OPEN = {"type": "object", "properties": {"s": {"type": "string"}, "t": {"type": "array", "items": {"type": "string"}}},
+        "required": ["s", "t"]}
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_budget_aware_closing_turns_length_errors_into_values(tiny_runtime, mode):
+    # The random model never closes an open string by itself: without closing most seeds run out
+    # of tokens (a typed LengthError); with it, every seed closes within budget and validates.
+    without = with_ = 0
+    for seed in range(4):
+        try:
+            generate("x", OPEN, runtime=tiny_runtime, max_new_tokens=24, seed=seed, mode=mode, close_on_budget=False)
+            without += 1
+        except errors.LengthError:
+            pass
+        res = generate("x", OPEN, runtime=tiny_runtime, max_new_tokens=24, seed=seed, mode=mode, return_details=True)
+        jsonschema.validate(res.value, OPEN)
+        assert len(res.token_ids) <= 24 and res.stats.budget_closing
+        with_ += 1
+    assert with_ == 4 and without < 4
+
+
+def test_closing_plan_closes_open_structures(tiny_runtime):
+    from dgemma_struct.api import constraint_for
+    from dgemma_struct.guide import closer_ids
+
+    c = constraint_for(OPEN, tiny_runtime)
+    tok = tiny_runtime.tokenizer
+    quote, bracket = closer_ids(c.canvas_walker())
+    assert quote.size and bracket.size
+    assert all(tok.decode([int(t)]).startswith('"') for t in quote)
+    assert all(set(tok.decode([int(t)])) <= set("]}") for t in bracket)
+    for prefix in ['{"s":"abc', '{"s":"a","t":["x', '{"s":"a","t":[', '{"s":"a\\"']:
+        w = c.canvas_walker()
+        w.commit(tok.encode(prefix))
+        plan = w.closing_plan(quote, bracket, 32)
+        assert plan is not None and len(plan) <= 8, prefix
+        text = prefix + tok.decode(plan)
+        assert c.matches(text), text  # the plan completes the output

@@ -44,6 +44,18 @@ class WalkResult(NamedTuple):
     accepting: bool
 
 
+def _json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool]:
+    """Whether a JSON text that starts in state (in_str, esc) ends inside a string literal."""
+    for ch in text:
+        if esc:
+            esc = False
+        elif in_str and ch == 0x5C:  # backslash
+            esc = True
+        elif ch == 0x22:  # quote
+            in_str = not in_str
+    return in_str, esc
+
+
 def bitmask_allows(row: np.ndarray, token: int) -> bool:
     return bool((int(row[token >> 5]) >> (token & 31)) & 1)
 
@@ -313,6 +325,47 @@ class CanvasWalker:
             if (row & self._stop_row).any() and not (row & ~self._stop_row).any():
                 out.append(self._eos)
         return out
+
+    def closing_plan(self, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int) -> list[int] | None:
+        """A short continuation from the frozen state that lets a stop token end the output (the
+        stop token itself not included): a greedy walk, not a proof of minimality. Each step takes
+        the forced tokens, else an allowed closer (inside a JSON string one that starts with ``"``,
+        outside one made of ``]``/``}``, then one that starts with ``"``), else the lowest allowed
+        id. ``quote_ids`` / ``bracket_ids`` are in order of preference. None when longer than
+        ``max_n`` or at a dead end."""
+        if self._frozen_eos:
+            return []
+        tok = self.constraint.tokenizer_info.lltok
+        in_str, esc = _json_string_state(tok.decode_bytes(self.frozen_tokens), False, False)
+        m = self._frozen.deep_copy()
+        row = self._scratch[0]
+        plan: list[int] = []
+        while len(plan) <= max_n:
+            m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            if self._and_row is not None:
+                row &= self._and_row
+            if (row & self._stop_row).any():
+                return plan
+            picks = [] if m.is_stopped() else list(m.compute_ff_tokens())
+            if not picks:
+                pick = None
+                for ids in ((quote_ids,) if in_str else (bracket_ids, quote_ids)):
+                    if ids.size:
+                        ok = np.flatnonzero((row[ids >> 5].astype(np.int64) >> (ids & 31)) & 1)
+                        if ok.size:
+                            pick = int(ids[ok[0]])
+                            break
+                if pick is None:
+                    allowed = np.flatnonzero(bitmask_to_bool(row[None, :], self.vocab_size)[0])
+                    if not allowed.size:
+                        return None
+                    pick = int(allowed[0])
+                picks = [pick]
+            if not m.consume_tokens(picks):  # pragma: no cover - the picks were allowed
+                return None
+            plan.extend(picks)
+            in_str, esc = _json_string_state(tok.decode_bytes(picks), in_str, esc)
+        return None
 
     def greedy_fill(self, logits_rows: Any, max_n: int, *, topk: int = 64) -> list[int]:
         """Masked greedy decode from the frozen state over ``logits_rows`` (``[n, V']`` torch
