@@ -195,6 +195,47 @@ class DiffusionRuntime:
             results.append(GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=stats))
         return results
 
+    # -- constrained generation on this runtime (the module-level API with runtime=self) ----------
+    def generate_json(self, prompt: Prompt, schema: Any, **opts: Any) -> Any:
+        """``dgemma_struct.generate_json`` on this runtime.
+
+        >>> rt = DiffusionRuntime.default()                       # doctest: +SKIP
+        >>> rt.generate_json("Extract as JSON.\nAda is 36.", {"type": "object"})  # doctest: +SKIP
+        """
+        from dgemma_struct import api
+
+        return api.generate_json(prompt, schema, runtime=self, **opts)
+
+    def generate_regex(self, prompt: Prompt, pattern: str, **opts: Any) -> Any:
+        """``dgemma_struct.generate_regex`` on this runtime."""
+        from dgemma_struct import api
+
+        return api.generate_regex(prompt, pattern, runtime=self, **opts)
+
+    def generate_grammar(self, prompt: Prompt, lark_grammar: str, **opts: Any) -> Any:
+        """``dgemma_struct.generate_grammar`` on this runtime."""
+        from dgemma_struct import api
+
+        return api.generate_grammar(prompt, lark_grammar, runtime=self, **opts)
+
+    def generate_choice(self, prompt: Prompt, choices: Sequence[str], **opts: Any) -> Any:
+        """``dgemma_struct.generate_choice`` on this runtime."""
+        from dgemma_struct import api
+
+        return api.generate_choice(prompt, choices, runtime=self, **opts)
+
+    def generate_json_batch(self, prompts: Sequence[Prompt], schema: Any, **opts: Any) -> list[Any]:
+        """``dgemma_struct.generate_json_batch`` on this runtime."""
+        from dgemma_struct import api
+
+        return api.generate_json_batch(prompts, schema, runtime=self, **opts)
+
+    async def agenerate_json(self, prompt: Prompt, schema: Any, **opts: Any) -> Any:
+        """``dgemma_struct.agenerate_json`` on this runtime."""
+        from dgemma_struct import api
+
+        return await api.agenerate_json(prompt, schema, runtime=self, **opts)
+
     def stream(self, prompt: Prompt | None = None, *, prompt_ids: Sequence[int] | None = None,
                max_new_tokens: int = 128, seed: int | None = None, drafts: bool = False,
                hook: StepHook | None = None) -> Iterator[CanvasEvent]:

@@ -1,5 +1,6 @@
 """generate_json & co. on a random model: valid values or typed errors, repair and fallback fire."""
 import json
+import re
 from typing import Literal
 
 import jsonschema
@@ -239,3 +240,15 @@ def test_closing_plan_closes_open_structures(tiny_runtime):
         assert plan is not None and len(plan) <= 8, prefix
         text = prefix + tok.decode(plan)
         assert c.matches(text), text  # the plan completes the output
+
+
+def test_the_api_is_also_on_the_runtime(tiny_runtime):
+    import asyncio
+
+    assert tiny_runtime.generate_choice("pick", ["yes", "no"]) in ("yes", "no")
+    assert re.fullmatch(r"[0-9]{3}", tiny_runtime.generate_regex("n", r"[0-9]{3}"))
+    jsonschema.validate(tiny_runtime.generate_json("j", SCHEMA, max_new_tokens=96), SCHEMA)
+    g = tiny_runtime.generate_grammar("e", "arithmetic", max_new_tokens=48)
+    assert tiny_runtime.generate_json_batch(["a", "b"], {"type": "boolean"}) in ([True, True], [True, False],
+                                                                               [False, True], [False, False])
+    assert asyncio.run(tiny_runtime.agenerate_json("a", {"type": "integer"})) is not None and g
