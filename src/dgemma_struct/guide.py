@@ -33,24 +33,29 @@ from dgemma_struct.hooks import StepView
 from dgemma_struct.kernels import apply_token_bitmask_
 
 
-_CLOSER_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_CLOSER_CACHE: dict[str, tuple] = {}
 
 
-def closer_ids(walker: CanvasWalker) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens that start with ``"`` and hold only ``"``/``]``/``}``, tokens of only ``]``/``}``),
-    longest first, cached per tokenizer: the candidates of budget-aware closing."""
+def closer_ids(walker: CanvasWalker) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:
+    """The candidates of budget-aware closing, cached per tokenizer: tokens that start with ``"``
+    and hold only ``"``/``]``/``}``; tokens of only ``]``/``}`` (both longest first); and the
+    single-byte tokens with their bytes (see :meth:`CanvasWalker.closing_plan`)."""
     info = walker.constraint.tokenizer_info
     hit = _CLOSER_CACHE.get(info.key)
     if hit is None:
-        quote, bracket = {}, {}
+        quote, bracket, single = {}, {}, {}
         for t in range(info.vocab_size):
             if t in info.special_token_ids:
                 continue
             bs = info.lltok.decode_bytes([t])
+            if len(bs) == 1:
+                single.setdefault(bs[0], t)
             if bs and all(ch in b'"]}' for ch in bs):
                 (quote if bs[:1] == b'"' else bracket if b'"' not in bs else {})[t] = len(bs)
-        hit = _CLOSER_CACHE[info.key] = tuple(np.asarray(sorted(d, key=lambda t: -d[t]), dtype=np.int64)
-                                              for d in (quote, bracket))
+        order = sorted(single)
+        hit = _CLOSER_CACHE[info.key] = (
+            *(np.asarray(sorted(d, key=lambda t: -d[t]), dtype=np.int64) for d in (quote, bracket)),
+            np.asarray([single[b] for b in order], dtype=np.int64), bytes(order))
     return hit
 
 
@@ -191,7 +196,8 @@ class ConstraintGuide:
             return None
         key = len(w.frozen_tokens)
         if self._closing_est.get(b, (None,))[0] != key:
-            self._closing_est[b] = (key, w.closing_plan(*closer_ids(w), remaining))
+            quote, bracket, byte_ids, byte_values = closer_ids(w)
+            self._closing_est[b] = (key, w.closing_plan(quote, bracket, remaining, byte_ids, byte_values))
         plan = self._closing_est[b][1]
         if plan is None:  # no plan fits: any allowed closer is the best bet
             return []

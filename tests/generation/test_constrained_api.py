@@ -229,17 +229,23 @@ def test_closing_plan_closes_open_structures(tiny_runtime):
 
     c = constraint_for(OPEN, tiny_runtime)
     tok = tiny_runtime.tokenizer
-    quote, bracket = closer_ids(c.canvas_walker())
+    quote, bracket, byte_ids, byte_values = closer_ids(c.canvas_walker())
     assert quote.size and bracket.size
     assert all(tok.decode([int(t)]).startswith('"') for t in quote)
     assert all(set(tok.decode([int(t)])) <= set("]}") for t in bracket)
     for prefix in ['{"s":"abc', '{"s":"a","t":["x', '{"s":"a","t":[', '{"s":"a\\"']:
         w = c.canvas_walker()
         w.commit(tok.encode(prefix))
-        plan = w.closing_plan(quote, bracket, 32)
+        plan = w.closing_plan(quote, bracket, 32, byte_ids, byte_values)
         assert plan is not None and len(plan) <= 8, prefix
         text = prefix + tok.decode(plan)
         assert c.matches(text), text  # the plan completes the output
+    # a regex whose next part needs a specific separator: punctuation not used yet is tried first
+    email = constraint_for(Regex(r"[a-z0-9.]+@[a-z]+\.[a-z]+"), tiny_runtime)
+    w = email.canvas_walker()
+    w.commit(tok.encode("laura"))
+    plan = w.closing_plan(quote, bracket, 16, byte_ids, byte_values)
+    assert plan is not None and email.matches("laura" + tok.decode(plan)), plan
 
 
 def test_the_api_is_also_on_the_runtime(tiny_runtime):
@@ -252,3 +258,12 @@ def test_the_api_is_also_on_the_runtime(tiny_runtime):
     assert tiny_runtime.generate_json_batch(["a", "b"], {"type": "boolean"}) in ([True, True], [True, False],
                                                                                [False, True], [False, False])
     assert asyncio.run(tiny_runtime.agenerate_json("a", {"type": "integer"})) is not None and g
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_budget_aware_closing_finishes_a_regex(tiny_runtime, mode):
+    pattern = r"[a-z0-9.]+@[a-z]+\.[a-z]+"
+    for seed in range(3):
+        res = generate("mail?", Regex(pattern), runtime=tiny_runtime, max_new_tokens=12, seed=seed, mode=mode,
+                       return_details=True)
+        assert re.fullmatch(pattern, res.value) and len(res.token_ids) <= 12

@@ -326,13 +326,16 @@ class CanvasWalker:
                 out.append(self._eos)
         return out
 
-    def closing_plan(self, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int) -> list[int] | None:
+    def closing_plan(self, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                     byte_ids: np.ndarray | None = None, byte_values: bytes = b"") -> list[int] | None:
         """A short continuation from the frozen state that lets a stop token end the output (the
         stop token itself not included): a greedy walk, not a proof of minimality. Each step takes
         the forced tokens, else an allowed closer (inside a JSON string one that starts with ``"``,
-        outside one made of ``]``/``}``, then one that starts with ``"``), else the lowest allowed
-        id. ``quote_ids`` / ``bracket_ids`` are in order of preference. None when longer than
-        ``max_n`` or at a dead end."""
+        outside one made of ``]``/``}``, then one that starts with ``"``), else a single-byte token
+        (``byte_ids[i]`` spells ``byte_values[i]``): punctuation not yet used in the plan first (it
+        moves a regex like ``[a-z.]+@[a-z]+`` on to its next part), then the lowest; else the lowest
+        allowed id. ``quote_ids`` / ``bracket_ids`` are in order of preference. None when longer
+        than ``max_n`` or at a dead end."""
         if self._frozen_eos:
             return []
         tok = self.constraint.tokenizer_info.lltok
@@ -355,6 +358,11 @@ class CanvasWalker:
                         if ok.size:
                             pick = int(ids[ok[0]])
                             break
+                if pick is None and byte_ids is not None and byte_ids.size:
+                    ok = np.flatnonzero((row[byte_ids >> 5].astype(np.int64) >> (byte_ids & 31)) & 1)
+                    if ok.size:
+                        fresh = [i for i in ok if not chr(byte_values[i]).isalnum() and byte_ids[i] not in plan]
+                        pick = int(byte_ids[fresh[0] if fresh else ok[0]])
                 if pick is None:
                     allowed = np.flatnonzero(bitmask_to_bool(row[None, :], self.vocab_size)[0])
                     if not allowed.size:
