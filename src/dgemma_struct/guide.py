@@ -185,23 +185,37 @@ class ConstraintGuide:
                     self.closing[b] = True
         self.mask_s += time.perf_counter() - t0
 
-    def _closing_plan(self, b: int) -> list[int] | None:
-        """Row ``b``'s closing plan when it must close now, else None. It must close when the
-        tokens left before its stop token are no more than the plan's length plus a margin (so
-        forced keys and brackets still fit)."""
+    def _free_room(self, b: int) -> tuple[int, list[int] | None]:
+        """(tokens row ``b`` may still commit freely, its closing plan). Room 0 means: close now,
+        following the plan. The room is what is left before the stop token minus the plan's
+        length and a margin (so forced keys and brackets still fit)."""
         w = self.walkers[b]
         remaining = self.budgets[b] - 1 - (len(w.frozen_tokens) - self.start[b])  # before the stop token
         margin = self.closing_window if self.closing_window is not None else 2
         if remaining > 96:  # far from the end: skip the estimate
-            return None
+            return remaining, []
         key = len(w.frozen_tokens)
         if self._closing_est.get(b, (None,))[0] != key:
             quote, bracket, byte_ids, byte_values = closer_ids(w)
             self._closing_est[b] = (key, w.closing_plan(quote, bracket, remaining, byte_ids, byte_values))
         plan = self._closing_est[b][1]
-        if plan is None:  # no plan fits: any allowed closer is the best bet
-            return []
-        return plan if remaining <= len(plan) + margin else None
+        if plan is None:  # no plan fits
+            return 0, None
+        return max(0, remaining - len(plan) - margin), plan
+
+    def _closing_plan(self, b: int) -> list[int] | None:
+        """Row ``b``'s closing plan when it must close now (``[]`` when no plan fits: then only a
+        stop token is preferred), else None."""
+        room, plan = self._free_room(b)
+        return (plan or []) if room == 0 else None
+
+    def _cap_run(self, b: int, tokens: list[int]) -> list[int]:
+        """Commits in one step stop at the start of the closing window (one canvas step can accept
+        many positions at once, and the plan is only known from the frontier)."""
+        if not self.close_on_budget:
+            return tokens
+        room, _ = self._free_room(b)
+        return tokens if room == 0 else tokens[:room]
 
     def _bias_plan(self, logits: torch.Tensor, plan: list[int], stop_ids: Sequence[int]) -> None:
         """``logits``: ``[n, V]`` rows from the frontier; prefer ``plan[i]`` at row i, then a stop token."""
@@ -227,7 +241,7 @@ class ConstraintGuide:
             if k == 0:
                 self._stall(b)
                 continue
-            run = sample[b, f:f + k].tolist()
+            run = self._cap_run(b, sample[b, f:f + k].tolist())
             res = w.walk(run)
             if res.n_valid == 0:
                 self._stall(b)
@@ -253,9 +267,14 @@ class ConstraintGuide:
                 continue
             f = self._n_frozen[b]
             if f < L and bool(view.active[b]) and view.logits.numel():
-                fill = w.greedy_fill(view.logits[b, f:].float(), L - f)
+                fill = self._cap_run(b, w.greedy_fill(view.logits[b, f:].float(), L - f))
                 if fill:
                     self._freeze(view, b, fill)
+                if self.close_on_budget and self._n_frozen[b] < L and not w.is_stopped():
+                    room, plan = self._free_room(b)
+                    if room == 0 and plan is not None:  # close now: the plan, then the stop token
+                        self._freeze(view, b, plan + [w.stop_token_ids[0]])
+                        self.closing[b] = True
                 f = self._n_frozen[b]
                 if f < L:  # nothing allowed any more (grammar finished without EOS): pad
                     view.frozen[b, f:] = True
