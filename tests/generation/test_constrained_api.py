@@ -267,3 +267,13 @@ def test_budget_aware_closing_finishes_a_regex(tiny_runtime, mode):
         res = generate("mail?", Regex(pattern), runtime=tiny_runtime, max_new_tokens=12, seed=seed, mode=mode,
                        return_details=True)
         assert re.fullmatch(pattern, res.value) and len(res.token_ids) <= 12
+
+
+def test_junk_that_survives_repairs_goes_to_the_fallback_and_the_valid_value_is_kept(tiny_runtime):
+    # Every string this schema allows holds a brace, so every attempt "has junk": the repairs run,
+    # then the AR fallback, and a valid value is still returned (junk is a quality signal, not an error).
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^[{][a-z]{1,3}$"}},
+              "required": ["s"], "additionalProperties": False}
+    res = generate("x", schema, runtime=tiny_runtime, max_new_tokens=32, seed=0, max_repairs=1, return_details=True)
+    jsonschema.validate(res.value, schema)
+    assert res.stats.junk_repairs == 2 and res.stats.fallback  # attempt 0 and repair 1 redone, then the fallback
