@@ -42,7 +42,9 @@ class _Attempt:
     stats: GenerationStats
 
 
-_JUNK = re.compile(r'[{}\[\]]|":|",|[\x00-\x1f]')
+# braces/brackets, a quote glued to ':' or ',', control characters, or a value that starts with
+# ':' / ',' (a separator the grammar did not let the model write where it wanted to)
+_JUNK = re.compile(r'[{}\[\]]|":|",|[\x00-\x1f]|^\s*[:,]')
 
 
 @dataclass
@@ -192,23 +194,19 @@ class _Session:
         t0 = time.perf_counter() if t0 is None else t0
         prefix: list[int] = []
         last: _Attempt | None = None
-        will_fall_back = self.fallback and self.mode == "diffusion"
-        self._kept = None  # a valid value with junk, kept while the AR fallback tries for a clean one
         for attempt in range(self.max_repairs + 1):
             self.stats.repairs = attempt
             last = first if (attempt == 0 and first is not None) else self.run(prefix, self.mode, attempt)
-            outcome = self.check(last, attempt, redo_junk=attempt < self.max_repairs or will_fall_back)
+            outcome = self.check(last, attempt)
             if outcome is not None:
                 return self.finish(last, outcome, t0)
             prefix = self.next_prefix(last)
-        if will_fall_back:
+        if self.fallback and self.mode == "diffusion":
             self.stats.fallback = True
             last = self.run(prefix, "ar", self.max_repairs + 1)
-            outcome = self.check(last, self.max_repairs, redo_junk=False)
+            outcome = self.check(last, self.max_repairs)
             if outcome is not None:
                 return self.finish(last, outcome, t0)
-        if self._kept is not None:  # the AR fallback did not do better: the junk-holding value is valid
-            return self.finish(*self._kept, t0)
         self.stats.wall_s = time.perf_counter() - t0
         partial = self.text_of(last.tokens) if last else ""
         if last is not None and not last.complete and not last.dead_end:
@@ -220,11 +218,12 @@ class _Session:
             self.max_repairs, " and the AR fallback" if self.stats.fallback else "", "; ".join(self.errors[-3:])),
             errors=self.errors, partial_text=partial, stats=self.stats)
 
-    def check(self, a: _Attempt, attempt: int = 0, *, redo_junk: bool = True):
+    def check(self, a: _Attempt, attempt: int = 0):
         """The validated outcome, or ``None`` (and the reasons recorded) when ``a`` must be redone.
         A schema-valid value whose strings hold structural junk (the model's braces absorbed into a
-        string) is redone too while ``redo_junk`` (repairs remain, then once by the AR fallback,
-        with the value kept in case the fallback fails); after that it is returned, being valid."""
+        string) is redone too while repairs remain; after that it is returned, being valid. (A
+        greedy AR fallback from the same prefix was measured to rewrite the same junk, so junk
+        alone never triggers it.)"""
         if a.dead_end:
             self.errors.append("the grammar walk made no progress (dead end)")
             return None
@@ -235,11 +234,9 @@ class _Session:
         if outcome.ok:
             value = outcome.value.model_dump() if hasattr(outcome.value, "model_dump") else outcome.value
             junk = junk_paths(value, schema=self.c.schema) if self.repair_junk and self.c.kind == "json" else []
-            if junk and redo_junk:
+            if junk and attempt < self.max_repairs:
                 self.stats.junk_repairs += 1
                 self._last_issues = [_Issue(p, "structural junk inside a string") for p in junk]
-                if attempt >= self.max_repairs:
-                    self._kept = (a, outcome)
                 return None
             return outcome
         self._last_issues = outcome.errors
