@@ -13,6 +13,9 @@ frozen prefix. At every denoising step:
    it is the only option) those tokens are written and frozen with no forward pass.
 5. **Termination.** After EOS the rest of the canvas is pad; when a canvas stops with unfrozen
    positions, they are filled by a masked greedy walk over the last logits (no extra forward).
+6. **Budget.** A row never commits more than its token budget (stop token included); with
+   ``close_on_budget`` it follows a closing plan (close strings / brackets, EOS) once the tokens
+   left approach the plan's length, so it ends in time instead of running out.
 
 Example::
 
