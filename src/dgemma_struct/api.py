@@ -147,6 +147,7 @@ class _Session:
                                close_on_budget=self.close_on_budget)
 
     def absorb(self, res: GenerationResult, guide: ConstraintGuide, prefix: list[int]) -> _Attempt:
+        guide.drain()
         s = res.stats
         agg = self.stats
         agg.forward_passes += s.forward_passes
@@ -361,6 +362,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                                 budgets=[max_new_tokens] * len(live), close_on_budget=close_on_budget)
         results = rt.generate_ids([sessions[i].prompt_ids for i in live], max_new_tokens=max_new_tokens, seed=seed,
                                   mode=mode, hook=guide)
+        guide.drain()
         for j, i in enumerate(live):
             sess: _Session = sessions[i]
             single = ConstraintGuide([guide.walkers[j]], pad_token_id=rt.pad_token_id or 0)

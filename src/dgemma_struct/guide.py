@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -287,19 +288,32 @@ class ConstraintGuide:
         return out
 
     # ------------------------------------------------------------------ AR mode
+    # The mask for token t depends only on tokens < t, so it is computed on a worker thread while
+    # the forward pass for token t runs (llguidance and torch both release the GIL); ``mask_s``
+    # counts only the time the loop itself spends (waiting included).
+    def _ar_masks(self, rows: tuple[int, ...]) -> np.ndarray | None:
+        if not rows:
+            return None
+        masks = np.concatenate([self.walkers[b].mask()[None, :] for b in rows], axis=0)
+        if self.close_on_budget:
+            for b in rows:
+                self._free_room(b)  # warms the closing-plan cache off the critical path
+        return masks
+
     def mask_ar_logits(self, logits: torch.Tensor, active: torch.Tensor) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise GenerationTimeout("generation exceeded its timeout")
         t0 = time.perf_counter()
-        rows, masks = [], []
-        for b, w in enumerate(self.walkers):
-            if w is None or not bool(active[b]):
-                continue
-            rows.append(b)
-            masks.append(w.mask()[None, :])
+        rows = tuple(b for b, w in enumerate(self.walkers) if w is not None and bool(active[b]))
+        pending, self._ar_pending = getattr(self, "_ar_pending", None), None
+        if pending is not None and pending[0] == rows:
+            masks = pending[1].result()
+        else:
+            if pending is not None:
+                pending[1].result()  # never leave a worker running on the walkers
+            masks = self._ar_masks(rows)
         if rows:
-            apply_token_bitmask_(logits, np.concatenate(masks, axis=0),
-                                 indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
+            apply_token_bitmask_(logits, masks, indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
         if self.close_on_budget:
             for b in rows:
                 plan = self._closing_plan(b)
@@ -308,9 +322,29 @@ class ConstraintGuide:
                     self.closing[b] = True
         self.mask_s += time.perf_counter() - t0
 
+    def drain(self) -> None:
+        """Wait for a mask still being computed ahead (the AR loop may end before using it)."""
+        pending, self._ar_pending = getattr(self, "_ar_pending", None), None
+        if pending is not None:
+            pending[1].result()
+
     def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
         t0 = time.perf_counter()
         for b, w in enumerate(self.walkers):
             if w is not None and bool(active[b]):
                 w.commit([int(tokens[b])])
+        nxt = tuple(b for b, w in enumerate(self.walkers)
+                    if w is not None and bool(active[b]) and int(tokens[b]) not in w.stop_token_ids)
+        if nxt:
+            self._ar_pending = (nxt, _mask_pool().submit(self._ar_masks, nxt))
         self.mask_s += time.perf_counter() - t0
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _mask_pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgemma-mask")
+    return _POOL

@@ -279,3 +279,34 @@ def test_junk_that_survives_the_repairs_is_returned_valid_without_fallback(tiny_
     res = generate("x", schema, runtime=tiny_runtime, max_new_tokens=32, seed=0, max_repairs=1, return_details=True)
     jsonschema.validate(res.value, schema)
     assert res.stats.junk_repairs == 1 and res.stats.repairs == 1 and not res.stats.fallback
+
+
+def test_ar_masks_are_computed_ahead_and_change_nothing(tiny_runtime, monkeypatch):
+    # The AR mask for token t is computed on a worker thread while the forward for token t runs;
+    # the output must be exactly what the synchronous path gives.
+    import dgemma_struct.guide as G
+
+    used = []
+    real = G.ConstraintGuide._ar_masks
+
+    def spy(self, rows):
+        used.append(threading.current_thread().name)
+        return real(self, rows)
+
+    import threading
+
+    monkeypatch.setattr(G.ConstraintGuide, "_ar_masks", spy)
+    ahead = generate("x", SCHEMA, runtime=tiny_runtime, max_new_tokens=64, seed=3, mode="ar", return_details=True)
+    assert any(n.startswith("dgemma-mask") for n in used)
+
+    class Sync:
+        def submit(self, fn, *a):
+            from concurrent.futures import Future
+
+            f = Future()
+            f.set_result(fn(*a))
+            return f
+
+    monkeypatch.setattr(G, "_mask_pool", lambda: Sync())
+    sync = generate("x", SCHEMA, runtime=tiny_runtime, max_new_tokens=64, seed=3, mode="ar", return_details=True)
+    assert ahead.token_ids == sync.token_ids
