@@ -31,9 +31,13 @@ def resolve_backend(backend: str, tensor: torch.Tensor) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        forced = os.environ.get("DGEMMA_STRUCT_KERNELS", "")
-        if forced in ("torch", "triton"):
-            backend = forced
+        forced = os.environ.get("DGEMMA_STRUCT_KERNELS", "").strip().lower()
+        if forced not in ("", "torch", "triton"):
+            raise ValueError(f"DGEMMA_STRUCT_KERNELS must be 'torch' or 'triton', got {forced!r}")
+        if forced == "torch":
+            return "torch"
+        if forced == "triton" and (tensor.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+            backend = "triton"  # (on a CPU tensor only under the interpreter; else the torch path)
         elif tensor.is_cuda and triton_available() and triton_self_check(str(tensor.device)):
             return "triton"
         else:

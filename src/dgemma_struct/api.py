@@ -53,29 +53,45 @@ class _Issue:
     message: str
 
 
-def _keys_of(value: Any) -> set[str]:
-    """Object keys in a JSON value, or property names in a JSON Schema (any depth)."""
+def _value_keys(value: Any) -> set[str]:
+    """Object keys at any depth of a JSON value (string keys only)."""
     if isinstance(value, dict):
-        return set(value).union(*(_keys_of(v) for v in value.values()))
+        return {k for k in value if isinstance(k, str)}.union(*(_value_keys(v) for v in value.values()))
     if isinstance(value, list):
-        return set().union(*(_keys_of(v) for v in value))
+        return set().union(*(_value_keys(v) for v in value))
     return set()
+
+
+def _schema_property_names(schema: Any) -> set[str]:
+    """Names under ``properties`` anywhere in a JSON Schema (not the schema's own keywords)."""
+    out: set[str] = set()
+    if isinstance(schema, dict):
+        props = schema.get("properties")
+        if isinstance(props, dict):
+            out |= {k for k in props if isinstance(k, str)}
+        for v in schema.values():
+            out |= _schema_property_names(v)
+    elif isinstance(schema, list):
+        for v in schema:
+            out |= _schema_property_names(v)
+    return out
 
 
 def junk_paths(value: Any, path: tuple = (), _leak: re.Pattern | None = None, *,
                schema: Any = None) -> list[tuple]:
     """Paths of string values that hold JSON punctuation or control characters, or two key names
-    back to back (``"addresscity"``; keys of the value and, given ``schema``, its property names):
-    the signature of a model whose structural tokens were masked out and absorbed into a string.
+    of 4+ characters back to back (``"addresscity"``; keys of the value and, given ``schema``, its
+    property names; case-sensitive): the signature of a model whose structural tokens were masked
+    out and absorbed into a string.
 
     >>> junk_paths({"a": "ok", "b": ["x}", "y"], "city": "addresscity", "address": "Main St"})
     [('b', 0), ('city',)]
     """
     if _leak is None:
-        names = _keys_of(value) | (set(_keys_of(schema.get("properties", {}))) if isinstance(schema, dict) else set())
-        keys = sorted((k for k in names if len(k) >= 3 and not k.startswith("$")), key=len, reverse=True)
+        names = _value_keys(value) | _schema_property_names(schema)
+        keys = sorted((k for k in names if len(k) >= 4), key=len, reverse=True)
         alt = "|".join(map(re.escape, keys))
-        _leak = re.compile(f"(?:{alt})(?:{alt})", re.IGNORECASE) if keys else re.compile(r"(?!)")
+        _leak = re.compile(f"(?:{alt})(?:{alt})") if keys else re.compile(r"(?!)")
     if isinstance(value, str):
         return [path] if _JUNK.search(value) or _leak.search(value) else []
     if isinstance(value, dict):
@@ -198,16 +214,19 @@ class _Session:
         for attempt in range(self.max_repairs + 1):
             self.stats.repairs = attempt
             last = first if (attempt == 0 and first is not None) else self.run(prefix, self.mode, attempt)
-            outcome = self.check(last, attempt)
-            if outcome is not None:
-                return self.finish(last, outcome, t0)
+            chosen = self.check(last, attempt)
+            if chosen is not None:
+                return self.finish(*chosen, t0)
             prefix = self.next_prefix(last)
         if self.fallback and self.mode == "diffusion":
             self.stats.fallback = True
             last = self.run(prefix, "ar", self.max_repairs + 1)
-            outcome = self.check(last, self.max_repairs)
-            if outcome is not None:
-                return self.finish(last, outcome, t0)
+            chosen = self.check(last, self.max_repairs)
+            if chosen is not None:
+                return self.finish(*chosen, t0)
+        best = getattr(self, "_least_junk", None)
+        if best is not None:  # a valid value (with junk) beat every later attempt
+            return self.finish(best[1], best[2], t0)
         self.stats.wall_s = time.perf_counter() - t0
         partial = self.text_of(last.tokens) if last else ""
         if last is not None and not last.complete and not last.dead_end:
@@ -220,7 +239,8 @@ class _Session:
             errors=self.errors, partial_text=partial, stats=self.stats)
 
     def check(self, a: _Attempt, attempt: int = 0):
-        """The validated outcome, or ``None`` (and the reasons recorded) when ``a`` must be redone.
+        """``(attempt, validated outcome)`` to return, or ``None`` (and the reasons recorded) when
+        ``a`` must be redone. The attempt returned is the valid one with the least junk so far.
         A schema-valid value whose strings hold structural junk (the model's braces absorbed into a
         string) is redone too while repairs remain; after that it is returned, being valid. (A
         greedy AR fallback from the same prefix was measured to rewrite the same junk, so junk
@@ -233,13 +253,16 @@ class _Session:
             return None
         outcome = self.c.validate_text(self.text_of(a.tokens))
         if outcome.ok:
-            value = outcome.value.model_dump() if hasattr(outcome.value, "model_dump") else outcome.value
+            value = outcome.value.model_dump(mode="json") if hasattr(outcome.value, "model_dump") else outcome.value
             junk = junk_paths(value, schema=self.c.schema) if self.repair_junk and self.c.kind == "json" else []
+            best = getattr(self, "_least_junk", None)
+            if best is None or len(junk) < best[0]:  # a repair must not trade a cleaner value for a worse one
+                self._least_junk = best = (len(junk), a, outcome)
             if junk and attempt < self.max_repairs:
                 self.stats.junk_repairs += 1
                 self._last_issues = [_Issue(p, "structural junk inside a string") for p in junk]
                 return None
-            return outcome
+            return best[1], best[2]
         self._last_issues = outcome.errors
         self.errors.extend(str(e) for e in outcome.errors)
         return None

@@ -24,6 +24,7 @@ Example::
 """
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
@@ -145,14 +146,18 @@ class ConstraintGuide:
             forced = w.forced_tokens(L - self._n_frozen[b])
             if not forced:
                 return
-            self.forced[b] += len(forced)
+            before = len(w.frozen_tokens)
             self._freeze(view, b, forced)
+            self.forced[b] += len(w.frozen_tokens) - before  # the budget may cut them short
+            if len(w.frozen_tokens) == before:
+                return
 
     # ------------------------------------------------------------------ hook
     def start_canvas(self, view: StepView) -> None:
         t0 = time.perf_counter()
-        B, _ = view.frozen.shape
+        B, L = view.frozen.shape
         self._n_frozen = [0] * B
+        self._canvas = (view.canvas_index, L)
         for b, w in enumerate(self.walkers):
             if w is None or not bool(view.active[b]):
                 continue
@@ -181,12 +186,12 @@ class ConstraintGuide:
         if self.close_on_budget:
             for b, w in enumerate(self.walkers):
                 f = self._n_frozen[b]
-                if w is None or f >= L or bool(view.done[b]):
+                if w is None or f >= L or bool(view.done[b]) or w.is_stopped():
                     continue
                 plan = self._closing_plan(b)
                 if plan is not None:
                     self._bias_plan(logits[b, f:], plan, w.stop_token_ids)
-                    self.closing[b] = True
+                    self.closing[b] = self.closing[b] or bool(plan) or w.is_accepting()
         self.mask_s += time.perf_counter() - t0
 
     def _free_room(self, b: int) -> tuple[int, list[int] | None]:
@@ -195,6 +200,11 @@ class ConstraintGuide:
         length and a margin (so forced keys and brackets still fit)."""
         w = self.walkers[b]
         remaining = self.budgets[b] - 1 - (len(w.frozen_tokens) - self.start[b])  # before the stop token
+        if getattr(self, "_canvas", None) is not None:
+            # positions, too: padding inside an output (an empty fill) uses canvas positions
+            idx, L = self._canvas
+            positions_left = -(-self.budgets[b] // L) * L - (idx * L + self._n_frozen[b]) - 1
+            remaining = min(remaining, positions_left)
         margin = self.closing_window if self.closing_window is not None else 2
         if remaining > 96:  # far from the end: skip the estimate
             return remaining, []
@@ -270,19 +280,21 @@ class ConstraintGuide:
             if w is None:
                 continue
             f = self._n_frozen[b]
-            if f < L and bool(view.active[b]) and view.logits.numel():
-                fill = self._cap_run(b, w.greedy_fill(view.logits[b, f:].float(), L - f))
-                if fill:
-                    self._freeze(view, b, fill)
-                if self.close_on_budget and self._n_frozen[b] < L and not w.is_stopped():
-                    room, plan = self._free_room(b)
-                    if room == 0 and plan is not None:  # close now: the plan, then the stop token
-                        self._freeze(view, b, plan + [w.stop_token_ids[0]])
-                        self.closing[b] = True
+            while f < L and bool(view.active[b]) and view.logits.numel() and not w.is_stopped():
+                room, plan = self._free_room(b) if self.close_on_budget else (L, None)
+                if room == 0 and plan is not None:  # close now: the plan, then the stop token
+                    self._freeze(view, b, plan + [w.stop_token_ids[0]])
+                    self.closing[b] = True
+                else:  # masked greedy fill, up to the closing window
+                    fill = w.greedy_fill(view.logits[b, f:].float(), L - f)
+                    if fill:
+                        self._freeze(view, b, fill if room == 0 else fill[:room])
+                if self._n_frozen[b] == f:  # no progress: nothing allowed fits here
+                    break
                 f = self._n_frozen[b]
-                if f < L:  # nothing allowed any more (grammar finished without EOS): pad
-                    view.frozen[b, f:] = True
-                    view.frozen_tokens[b, f:] = self.pad
+            if f < L and bool(view.active[b]):  # nothing allowed any more: pad
+                view.frozen[b, f:] = True
+                view.frozen_tokens[b, f:] = self.pad
             out[b] = torch.where(view.frozen[b], view.frozen_tokens[b], out[b])
         self.mask_s += time.perf_counter() - t0
         return out
@@ -302,6 +314,7 @@ class ConstraintGuide:
 
     def mask_ar_logits(self, logits: torch.Tensor, active: torch.Tensor) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
+            self.drain()
             raise GenerationTimeout("generation exceeded its timeout")
         t0 = time.perf_counter()
         rows = tuple(b for b, w in enumerate(self.walkers) if w is not None and bool(active[b]))
@@ -319,7 +332,7 @@ class ConstraintGuide:
                 plan = self._closing_plan(b)
                 if plan is not None:
                     self._bias_plan(logits[b:b + 1], plan, self.walkers[b].stop_token_ids)
-                    self.closing[b] = True
+                    self.closing[b] = self.closing[b] or bool(plan) or self.walkers[b].is_accepting()
         self.mask_s += time.perf_counter() - t0
 
     def drain(self) -> None:
@@ -340,11 +353,13 @@ class ConstraintGuide:
         self.mask_s += time.perf_counter() - t0
 
 
-_POOL: ThreadPoolExecutor | None = None
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def _mask_pool() -> ThreadPoolExecutor:
+    """The worker threads of AR mask look-ahead (a few, so concurrent sessions do not queue behind
+    each other); rebuilt after a fork, whose child inherits no running threads."""
     global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgemma-mask")
-    return _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="dgemma-mask"))
+    return _POOL[1]

@@ -197,7 +197,7 @@ def test_leaked_key_names_count_as_junk():
     schema = {"type": "object", "properties": {"job": {"type": "string"},
                                                "address": {"type": "object", "properties": {"city": {}}}}}
     assert junk_paths({"job": "addressaddresscitycity"}, schema=schema) == [("job",)]
-    assert junk_paths({"job": "Cityaddress"}, schema=schema) == [("job",)]
+    assert junk_paths({"job": "cityaddress"}, schema=schema) == [("job",)]
     # one key name inside ordinary text is not junk
     assert junk_paths({"job": "city planner", "address": {"city": "Lyon"}}, schema=schema) == []
 
@@ -310,3 +310,38 @@ def test_ar_masks_are_computed_ahead_and_change_nothing(tiny_runtime, monkeypatc
     monkeypatch.setattr(G, "_mask_pool", lambda: Sync())
     sync = generate("x", SCHEMA, runtime=tiny_runtime, max_new_tokens=64, seed=3, mode="ar", return_details=True)
     assert ahead.token_ids == sync.token_ids
+
+
+def test_junk_detection_avoids_false_positives_and_odd_keys():
+    from dgemma_struct.api import junk_paths
+
+    schema = {"type": "object", "title": "Meeting", "properties": {"day": {"type": "string"},
+                                                                    "time": {"type": "string"}}}
+    assert junk_paths({"day": "daytime meeting", "time": "9am"}, schema=schema) == []  # 3-letter key
+    assert junk_paths({"day": "Typetitle"}, schema=schema) == []  # schema keywords are not key names
+    assert junk_paths({"m": {1: "a"}}) == []  # non-string keys (pydantic dict[int, str]) do not crash
+    assert junk_paths({"day": "timetime", "time": "x"}, schema=schema) == [("day",)]
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_closing_never_writes_closers_as_string_content(tiny_runtime, mode):
+    # Outside a string the plan opens a value with a bare quote, never `"]}` (which would leave
+    # `]}` as the new string's content).
+    from dgemma_struct.api import junk_paths
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string"}},
+                                               "c": {"type": "string"}}, "required": ["a", "b", "c"]}
+    for n in (20, 24):
+        res = generate("x", schema, runtime=tiny_runtime, mode=mode, max_new_tokens=n, max_repairs=0, fallback=False,
+                       repair_junk=False, return_details=True)
+        jsonschema.validate(res.value, schema)
+        assert junk_paths(res.value) == [], res.text
+
+
+def test_mask_pool_is_rebuilt_after_fork(monkeypatch):
+    import dgemma_struct.guide as G
+
+    first = G._mask_pool()
+    assert G._mask_pool() is first
+    monkeypatch.setattr(G.os, "getpid", lambda: -1)  # what a forked child sees: another pid
+    assert G._mask_pool() is not first

@@ -291,7 +291,13 @@ def test_env_var_overrides_auto(monkeypatch):
     assert resolve_backend("auto", torch.zeros(1)) == "torch"
     if triton_available():
         monkeypatch.setenv("DGEMMA_STRUCT_KERNELS", "triton")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
         assert resolve_backend("auto", torch.zeros(1)) == "triton"
+        monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU tensor without the interpreter: torch
+        assert resolve_backend("auto", torch.zeros(1)) == "torch"
+    monkeypatch.setenv("DGEMMA_STRUCT_KERNELS", "cuda-please")
+    with pytest.raises(ValueError, match="DGEMMA_STRUCT_KERNELS"):
+        resolve_backend("auto", torch.zeros(1))
 
 
 @needs_triton

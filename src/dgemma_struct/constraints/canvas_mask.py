@@ -330,8 +330,8 @@ class CanvasWalker:
                      byte_ids: np.ndarray | None = None, byte_values: bytes = b"") -> list[int] | None:
         """A short continuation from the frozen state that lets a stop token end the output (the
         stop token itself not included): a greedy walk, not a proof of minimality. Each step takes
-        the forced tokens, else an allowed closer (inside a JSON string one that starts with ``"``,
-        outside one made of ``]``/``}``, then one that starts with ``"``), else a single-byte token
+        the forced tokens, else an allowed closer (inside a JSON string the longest that starts with
+        ``"``, outside one made of ``]``/``}``, then the shortest that starts with ``"``), else a single-byte token
         (``byte_ids[i]`` spells ``byte_values[i]``): punctuation not yet used in the plan first (it
         moves a regex like ``[a-z.]+@[a-z]+`` on to its next part), then the lowest; else the lowest
         allowed id. ``quote_ids`` / ``bracket_ids`` are in order of preference. None when longer
@@ -352,7 +352,9 @@ class CanvasWalker:
             picks = [] if m.is_stopped() else list(m.compute_ff_tokens())
             if not picks:
                 pick = None
-                for ids in ((quote_ids,) if in_str else (bracket_ids, quote_ids)):
+                # outside a string a quote token only opens one: take the shortest (a bare `"`), so
+                # `"]}` is never written as the content of a new string
+                for ids in ((quote_ids,) if in_str else (bracket_ids, quote_ids[::-1])):
                     if ids.size:
                         ok = np.flatnonzero((row[ids >> 5].astype(np.int64) >> (ids & 31)) & 1)
                         if ok.size:
@@ -418,8 +420,10 @@ class CanvasWalker:
                     li = L[i].float().cpu().numpy()
                 else:
                     li = L[i]
-                li = np.where(allowed[: li.shape[0]], li, -np.inf)
-                pick = int(np.argmax(li))
+                idx = np.flatnonzero(allowed[: li.shape[0]])
+                if not idx.size:
+                    break
+                pick = int(idx[np.argmax(li[idx])])  # an allowed id even when all its logits are -inf
             out.append(pick)
             if pick in self._stops:
                 break
