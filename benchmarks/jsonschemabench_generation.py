@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--schema-chars", type=int, default=800, help="truncate the schema text in the prompt")
     ap.add_argument("--subsets", default="", help="comma-separated subset names (default: all)")
     ap.add_argument("--tiny", action="store_true", help="random tiny runtime (development)")
+    ap.add_argument("--no-close-on-budget", dest="close_on_budget", action="store_false",
+                    help="turn budget-aware closing off (for an A/B of it)")
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "jsb_generation"))
     args = ap.parse_args()
@@ -82,7 +84,8 @@ def main() -> None:
 
     files = sorted(Path(args.data).glob("*.jsonl.gz"))
     wanted = {s for s in args.subsets.split(",") if s}
-    results = {"meta": {"model": rt.name, "per_subset": args.per_subset, "seed": args.seed,
+    results = {"meta": {"model": rt.name, "close_on_budget": args.close_on_budget,
+                        "per_subset": args.per_subset, "seed": args.seed,
                         "gen_seed": args.gen_seed, "max_new_tokens": args.max_new_tokens, "timeout_s": args.timeout,
                         "schema_chars": args.schema_chars, "prompt": PROMPT.format("<compact schema, truncated>"),
                         "threads": torch.get_num_threads(), "machine": f"{platform.machine()} CPU",
@@ -119,7 +122,8 @@ def main() -> None:
             t0 = time.perf_counter()
             try:
                 res = api.generate(prompt, schema, runtime=rt, max_new_tokens=args.max_new_tokens,
-                                   seed=args.gen_seed + i, timeout_s=args.timeout, return_details=True)
+                                   seed=args.gen_seed + i, timeout_s=args.timeout, return_details=True,
+                                   close_on_budget=args.close_on_budget)
             except DgemmaStructError as e:
                 wall = time.perf_counter() - t0
                 st["wall_s"].append(wall)
