@@ -23,7 +23,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from dgemma_struct.constraints import Choice, Constraint, Grammar, Regex, compile_constraint
 from dgemma_struct.errors import (DgemmaStructError, GenerationFailed, GenerationTimeout, InvalidRequestError,
@@ -352,15 +352,22 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                    max_new_tokens: int = 128, seed: int | None = 0, mode: str = "diffusion", max_repairs: int = 2,
                    strict: bool = False, fallback: bool = True, timeout_s: float | None = None,
                    whitespace: str = "compact", progress: bool = True, repair_junk: bool = True,
-                   close_on_budget: bool = True, return_exceptions: bool = False) -> list[Any]:
+                   close_on_budget: bool = True, return_exceptions: bool = False,
+                   row_stop: Sequence[Callable[[], bool] | None] | None = None) -> list[Any]:
     """Constrained generation for many prompts in one batched canvas loop; each row has its own
     constraint (``specs`` is one spec for all rows or one per row). Rows that fail validation are
     repaired one by one. Returns :class:`GenerationResult` objects (or, with
-    ``return_exceptions=True``, the typed error in a failed row's place)."""
+    ``return_exceptions=True``, the typed error in a failed row's place).
+
+    ``row_stop``: per prompt, an optional callable polled every denoising step; when it returns
+    True that row is dropped at once (a server's caller timed out or disconnected) and its place
+    holds a :class:`~dgemma_struct.errors.GenerationTimeout`, without holding up the batch."""
     if not isinstance(specs, (list, tuple)):
         specs = [specs] * len(prompts)
     if len(specs) != len(prompts):
         raise InvalidRequestError(f"{len(prompts)} prompts but {len(specs)} specs")
+    if row_stop is not None and len(row_stop) != len(prompts):
+        raise InvalidRequestError(f"{len(prompts)} prompts but {len(row_stop)} row_stop entries")
     if not prompts:
         return []
     opts = dict(max_new_tokens=max_new_tokens, seed=seed, mode=mode, max_repairs=max_repairs, strict=strict,
@@ -382,12 +389,19 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
         guides = [sessions[i].guide_for([]) for i in live]
         guide = ConstraintGuide([g.walkers[0] for g in guides], pad_token_id=rt.pad_token_id or 0,
                                 progress=progress, deadline=sessions[live[0]].deadline,
-                                budgets=[max_new_tokens] * len(live), close_on_budget=close_on_budget)
+                                budgets=[max_new_tokens] * len(live), close_on_budget=close_on_budget,
+                                row_stop=[row_stop[i] for i in live] if row_stop is not None else None)
         results = rt.generate_ids([sessions[i].prompt_ids for i in live], max_new_tokens=max_new_tokens, seed=seed,
                                   mode=mode, hook=guide)
         guide.drain()
         for j, i in enumerate(live):
             sess: _Session = sessions[i]
+            if guide.cut[j]:
+                err = GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
+                if not return_exceptions:
+                    raise err
+                out[i] = err
+                continue
             single = ConstraintGuide([guide.walkers[j]], pad_token_id=rt.pad_token_id or 0)
             single.mask_s, single.forced, single.dead_end = guide.mask_s / len(live), [guide.forced[j]], \
                 [guide.dead_end[j]]

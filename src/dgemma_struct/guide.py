@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -70,8 +70,14 @@ class ConstraintGuide:
     def __init__(self, walkers: Sequence[CanvasWalker | None], *, pad_token_id: int, progress: bool = True,
                  force_tokens: bool = True, renoise_invalid: bool = False, stall_steps: int = 8,
                  deadline: float | None = None, budgets: Sequence[int] | None = None,
-                 close_on_budget: bool = False, closing_window: int | None = None):
+                 close_on_budget: bool = False, closing_window: int | None = None,
+                 row_stop: Sequence[Callable[[], bool] | None] | None = None):
         self.walkers = list(walkers)
+        # ``row_stop[b]()`` True = drop row b now (its caller timed out or went away): the row ends
+        # with EOS at once so a batch is not held up by it; ``cut[b]`` records it (not a value!).
+        self.row_stop = list(row_stop) if row_stop is not None else None
+        self.cut = [False] * len(self.walkers)
+        self._cut_at: dict[int, int] = {}  # cut row -> canvas position of its EOS
         # ``budgets``: per row, the most tokens it may commit, its stop token included (the canvas
         # holds whole blocks, so without a cap a row could commit past max_new_tokens).
         # Budget-aware closing: once a row's remaining tokens are no more than the length of a
@@ -152,22 +158,48 @@ class ConstraintGuide:
             if len(w.frozen_tokens) == before:
                 return
 
+    def _check_cut(self, active) -> list[int]:
+        """Rows newly cut by ``row_stop``."""
+        if self.row_stop is None:
+            return []
+        new = []
+        for b, stop in enumerate(self.row_stop):
+            if stop is not None and not self.cut[b] and bool(active[b]) and stop():
+                self.cut[b] = True
+                new.append(b)
+        return new
+
+    def _cut_canvas(self, view: StepView) -> None:
+        """Cut rows: the rest of this canvas is pad, the row is done (EOS is written on commit)."""
+        for b in range(len(self.walkers)):
+            if self.cut[b] and self._n_frozen[b] < view.frozen.shape[1]:
+                f = self._n_frozen[b]
+                self._cut_at[b] = f
+                view.frozen[b, f:] = True
+                view.frozen_tokens[b, f:] = self.pad
+                self._n_frozen[b] = view.frozen.shape[1]
+                view.done[b] = True
+
     # ------------------------------------------------------------------ hook
     def start_canvas(self, view: StepView) -> None:
         t0 = time.perf_counter()
         B, L = view.frozen.shape
         self._n_frozen = [0] * B
         self._canvas = (view.canvas_index, L)
+        self._check_cut(view.active)
         for b, w in enumerate(self.walkers):
-            if w is None or not bool(view.active[b]):
+            if w is None or not bool(view.active[b]) or self.cut[b]:
                 continue
             self._apply_forced(view, b)
+        self._cut_canvas(view)
         self.mask_s += time.perf_counter() - t0
 
     def mask_logits(self, view: StepView) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise GenerationTimeout("generation exceeded its timeout")
         t0 = time.perf_counter()
+        if self._check_cut(view.active):
+            self._cut_canvas(view)
         logits = view.logits
         B, L, V = logits.shape
         draft = logits.argmax(dim=-1)
@@ -296,6 +328,8 @@ class ConstraintGuide:
                 view.frozen[b, f:] = True
                 view.frozen_tokens[b, f:] = self.pad
             out[b] = torch.where(view.frozen[b], view.frozen_tokens[b], out[b])
+            if b in self._cut_at:  # ends the row in the loop (the walker never sees this EOS)
+                out[b, self._cut_at.pop(b)] = w.stop_token_ids[0]
         self.mask_s += time.perf_counter() - t0
         return out
 
@@ -317,7 +351,13 @@ class ConstraintGuide:
             self.drain()
             raise GenerationTimeout("generation exceeded its timeout")
         t0 = time.perf_counter()
-        rows = tuple(b for b, w in enumerate(self.walkers) if w is not None and bool(active[b]))
+        self._check_cut(active)
+        for b in range(len(self.walkers)):
+            if self.cut[b] and bool(active[b]) and self.walkers[b] is not None:
+                eos = self.walkers[b].stop_token_ids[0]
+                logits[b] = float("-inf")
+                logits[b, eos] = 0.0
+        rows = tuple(b for b, w in enumerate(self.walkers) if w is not None and bool(active[b]) and not self.cut[b])
         pending, self._ar_pending = getattr(self, "_ar_pending", None), None
         if pending is not None and pending[0] == rows:
             masks = pending[1].result()
@@ -344,10 +384,10 @@ class ConstraintGuide:
     def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
         t0 = time.perf_counter()
         for b, w in enumerate(self.walkers):
-            if w is not None and bool(active[b]):
+            if w is not None and bool(active[b]) and not self.cut[b]:
                 w.commit([int(tokens[b])])
-        nxt = tuple(b for b, w in enumerate(self.walkers)
-                    if w is not None and bool(active[b]) and int(tokens[b]) not in w.stop_token_ids)
+        nxt = tuple(b for b, w in enumerate(self.walkers) if w is not None and bool(active[b])
+                    and not self.cut[b] and int(tokens[b]) not in w.stop_token_ids)
         if nxt:
             self._ar_pending = (nxt, _mask_pool().submit(self._ar_masks, nxt))
         self.mask_s += time.perf_counter() - t0

@@ -345,3 +345,27 @@ def test_mask_pool_is_rebuilt_after_fork(monkeypatch):
     assert G._mask_pool() is first
     monkeypatch.setattr(G.os, "getpid", lambda: -1)  # what a forked child sees: another pid
     assert G._mask_pool() is not first
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_a_stopped_row_leaves_its_batch_at_once(tiny_runtime, mode):
+    # A server's caller that timed out or went away: its row is dropped at the next step (a typed
+    # GenerationTimeout in its place), the other rows are unaffected.
+    prompts = ["a", "b", "c"]
+    alone = generate_batch(prompts, OPEN, runtime=tiny_runtime, max_new_tokens=48, seed=1, mode=mode,
+                           return_exceptions=True)
+    polls = []
+
+    def stop_b():
+        polls.append(1)
+        return len(polls) > 2
+
+    out = generate_batch(prompts, OPEN, runtime=tiny_runtime, max_new_tokens=48, seed=1, mode=mode,
+                         return_exceptions=True, row_stop=[None, stop_b, None])
+    assert isinstance(out[1], errors.GenerationTimeout)
+    for i in (0, 2):
+        assert not isinstance(out[i], Exception), out[i]
+        jsonschema.validate(out[i].value, OPEN)
+    assert [out[0].text, out[2].text] == [alone[0].text, alone[2].text]  # rows are independent
+    with pytest.raises(errors.InvalidRequestError):
+        generate_batch(prompts, OPEN, runtime=tiny_runtime, row_stop=[None])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import httpx
 import jsonschema
@@ -304,3 +305,32 @@ def test_client_giving_up_does_not_hurt_the_server(client, server_url):
     r = client.post("/v1/chat/completions", json={"messages": MSG, "guided_choice": ["x", "y"], "max_tokens": 8})
     assert r.status_code == 200
     assert client.get("/health").json()["status"] == "ok"
+
+
+def test_a_cancelled_row_leaves_a_running_batch():
+    """The batcher passes row_stop: a row past its deadline is dropped mid-batch (a typed timeout
+    in its place) while its batch-mates finish normally."""
+    import asyncio
+
+    from dgemma_struct.errors import GenerationTimeout
+    from dgemma_struct.server.batcher import Batcher, Job
+    from dgemma_struct.testing import tiny_runtime
+
+    rt = tiny_runtime()
+    b = Batcher(rt, max_batch_size=4, max_wait_ms=1)
+    loop = asyncio.new_event_loop()
+    try:
+        schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+        from dgemma_struct.api import constraint_for
+
+        c = constraint_for(schema, rt)
+        jobs = [Job(p, c, 48, 0, time.monotonic() + 60, loop, future=loop.create_future()) for p in ("a", "b")]
+        jobs[1].deadline = time.monotonic()  # its deadline passes as the batch starts
+        results = []
+        for j in jobs:
+            j.resolve = results.append  # capture what the worker hands back
+        b._run_group(jobs)
+        assert isinstance(results[1], GenerationTimeout)
+        assert not isinstance(results[0], Exception)
+    finally:
+        loop.close()

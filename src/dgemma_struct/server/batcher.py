@@ -7,7 +7,8 @@ loops, by ONE worker thread that owns the model. The event loop never runs model
   a loop; each row keeps its own constraint).
 * ``max_queue``: a bounded queue; a full queue is refused at once (:class:`QueueFull` -> HTTP 429).
 * Per-request timeouts: a request whose caller gave up (timeout, disconnect) is marked cancelled
-  and dropped when the worker reaches it; a batch already running is bounded by the latest
+  and dropped when the worker reaches it; in a batch already running its row is dropped at the
+  next denoising step (``generate_batch(row_stop=...)``), and the batch is bounded by the latest
   deadline of its rows.
 * The worker catches everything: a failing batch fails its own requests, never the thread.
 
@@ -240,10 +241,13 @@ class Batcher:
             if first.spec is None:
                 results = self._free_text(group)
             else:
+                # a row whose caller timed out or went away leaves the batch at the next step
                 results = api.generate_batch([j.prompt for j in group], [j.spec for j in group],
                                              runtime=self.runtime, max_new_tokens=first.max_new_tokens,
                                              seed=first.seed, max_repairs=self.max_repairs, timeout_s=timeout,
-                                             return_exceptions=True)
+                                             return_exceptions=True,
+                                             row_stop=[(lambda j=j: j.cancelled or time.monotonic() > j.deadline)
+                                                       for j in group])
         except Exception as err:  # noqa: BLE001 - e.g. a batch-wide timeout
             results = [err] * len(group)
         for job, res in zip(group, results):
