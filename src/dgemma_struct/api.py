@@ -152,6 +152,8 @@ class _Session:
         self.close_on_budget = close_on_budget
         self.stats = GenerationStats(mode=mode)
         self.errors: list[str] = []
+        self._last_issues: list | None = None   # what the last attempt got wrong (repair target)
+        self._least_junk: tuple | None = None   # (junk count, attempt, outcome) of the best valid attempt
 
     # -- one pass of the loop from a kept prefix ------------------------------------------------
     def guide_for(self, prefix: list[int]) -> ConstraintGuide:
@@ -162,7 +164,8 @@ class _Session:
                                deadline=self.deadline, budgets=[self.max_new - len(prefix)],
                                close_on_budget=self.close_on_budget)
 
-    def absorb(self, res: GenerationResult, guide: ConstraintGuide, prefix: list[int]) -> _Attempt:
+    def absorb(self, res: GenerationResult, guide: ConstraintGuide, prefix: list[int], row: int = 0) -> _Attempt:
+        """This session's attempt from ``row`` of ``guide`` (a batched guide shares its mask time)."""
         guide.drain()
         s = res.stats
         agg = self.stats
@@ -170,14 +173,14 @@ class _Session:
         agg.canvases += s.canvases
         agg.denoising_steps += s.denoising_steps
         agg.model_s += s.model_s
-        agg.mask_s += guide.mask_s
-        agg.forced_tokens += guide.forced[0]
-        agg.budget_closing = agg.budget_closing or guide.closing[0]
-        w = guide.walkers[0]
+        agg.mask_s += guide.mask_s / len(guide.walkers)
+        agg.forced_tokens += guide.forced[row]
+        agg.budget_closing = agg.budget_closing or guide.closing[row]
+        w = guide.walkers[row]
         gen = list(w.frozen_tokens)
         complete = bool(gen) and gen[-1] in self.c.stop_token_ids
         tokens = [t for t in gen if t not in self.c.stop_token_ids]
-        return _Attempt(tokens=tokens, complete=complete, dead_end=guide.dead_end[0], stats=s)
+        return _Attempt(tokens=tokens, complete=complete, dead_end=guide.dead_end[row], stats=s)
 
     def run(self, prefix: list[int], mode: str, attempt: int) -> _Attempt:
         self._check_deadline()
@@ -224,7 +227,7 @@ class _Session:
             chosen = self.check(last, self.max_repairs)
             if chosen is not None:
                 return self.finish(*chosen, t0)
-        best = getattr(self, "_least_junk", None)
+        best = self._least_junk
         if best is not None:  # a valid value (with junk) beat every later attempt
             return self.finish(best[1], best[2], t0)
         self.stats.wall_s = time.perf_counter() - t0
@@ -255,7 +258,7 @@ class _Session:
         if outcome.ok:
             value = outcome.value.model_dump(mode="json") if hasattr(outcome.value, "model_dump") else outcome.value
             junk = junk_paths(value, schema=self.c.schema) if self.repair_junk and self.c.kind == "json" else []
-            best = getattr(self, "_least_junk", None)
+            best = self._least_junk
             if best is None or len(junk) < best[0]:  # a repair must not trade a cleaner value for a worse one
                 self._least_junk = best = (len(junk), a, outcome)
             if junk and attempt < self.max_repairs:
@@ -268,7 +271,7 @@ class _Session:
         return None
 
     def next_prefix(self, a: _Attempt) -> list[int]:
-        if a.complete and not a.dead_end and getattr(self, "_last_issues", None):
+        if a.complete and not a.dead_end and self._last_issues:
             prefix = self.offending_prefix(a.tokens, self._last_issues)
             self._last_issues = None
             return prefix
@@ -393,7 +396,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                                 row_stop=[row_stop[i] for i in live] if row_stop is not None else None)
         results = rt.generate_ids([sessions[i].prompt_ids for i in live], max_new_tokens=max_new_tokens, seed=seed,
                                   mode=mode, hook=guide)
-        guide.drain()
+        guide.drain()  # before any row raises: no worker left on the walkers
         for j, i in enumerate(live):
             sess: _Session = sessions[i]
             if guide.cut[j]:
@@ -402,11 +405,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                     raise err
                 out[i] = err
                 continue
-            single = ConstraintGuide([guide.walkers[j]], pad_token_id=rt.pad_token_id or 0)
-            single.mask_s, single.forced, single.dead_end = guide.mask_s / len(live), [guide.forced[j]], \
-                [guide.dead_end[j]]
-            single.closing = [guide.closing[j]]
-            attempt = sess.absorb(results[j], single, [])
+            attempt = sess.absorb(results[j], guide, [], row=j)
             try:
                 out[i] = sess.solve(first=attempt, t0=t0)
             except DgemmaStructError as err:

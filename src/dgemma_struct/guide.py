@@ -89,7 +89,9 @@ class ConstraintGuide:
         self.close_on_budget = close_on_budget and budgets is not None
         self.closing_window = closing_window
         self.closing = [False] * len(self.walkers)  # the row entered its closing window
-        self._closing_est: dict[int, tuple] = {}     # row -> ((row, frozen length), estimated closing length)
+        self._closing_est: dict[int, tuple] = {}     # row -> (frozen length, closing plan or None)
+        self._canvas: tuple[int, int] | None = None  # (canvas index, canvas length); None in AR mode
+        self._ar_pending: tuple | None = None        # (rows, future) of the AR mask computed ahead
         self.pad = pad_token_id
         self.progress = progress
         self.force_tokens = force_tokens
@@ -220,10 +222,7 @@ class ConstraintGuide:
                 f = self._n_frozen[b]
                 if w is None or f >= L or bool(view.done[b]) or w.is_stopped():
                     continue
-                plan = self._closing_plan(b)
-                if plan is not None:
-                    self._bias_plan(logits[b, f:], plan, w.stop_token_ids)
-                    self.closing[b] = self.closing[b] or bool(plan) or w.is_accepting()
+                self._steer_to_close(b, logits[b, f:])
         self.mask_s += time.perf_counter() - t0
 
     def _free_room(self, b: int) -> tuple[int, list[int] | None]:
@@ -232,7 +231,7 @@ class ConstraintGuide:
         length and a margin (so forced keys and brackets still fit)."""
         w = self.walkers[b]
         remaining = self.budgets[b] - 1 - (len(w.frozen_tokens) - self.start[b])  # before the stop token
-        if getattr(self, "_canvas", None) is not None:
+        if self._canvas is not None:
             # positions, too: padding inside an output (an empty fill) uses canvas positions
             idx, L = self._canvas
             positions_left = -(-self.budgets[b] // L) * L - (idx * L + self._n_frozen[b]) - 1
@@ -249,11 +248,15 @@ class ConstraintGuide:
             return 0, None
         return max(0, remaining - len(plan) - margin), plan
 
-    def _closing_plan(self, b: int) -> list[int] | None:
-        """Row ``b``'s closing plan when it must close now (``[]`` when no plan fits: then only a
-        stop token is preferred), else None."""
+    def _steer_to_close(self, b: int, logits: torch.Tensor) -> None:
+        """When row ``b`` must close now, bias ``logits`` (``[n, V]`` rows from its frontier)
+        towards its closing plan, then a stop token (only a stop token when no plan fits)."""
         room, plan = self._free_room(b)
-        return (plan or []) if room == 0 else None
+        if room:
+            return
+        plan = plan or []
+        self._bias_plan(logits, plan, self.walkers[b].stop_token_ids)
+        self.closing[b] = self.closing[b] or bool(plan) or self.walkers[b].is_accepting()
 
     def _cap_run(self, b: int, tokens: list[int]) -> list[int]:
         """Commits in one step stop at the start of the closing window (one canvas step can accept
@@ -358,7 +361,7 @@ class ConstraintGuide:
                 logits[b] = float("-inf")
                 logits[b, eos] = 0.0
         rows = tuple(b for b, w in enumerate(self.walkers) if w is not None and bool(active[b]) and not self.cut[b])
-        pending, self._ar_pending = getattr(self, "_ar_pending", None), None
+        pending, self._ar_pending = self._ar_pending, None
         if pending is not None and pending[0] == rows:
             masks = pending[1].result()
         else:
@@ -369,15 +372,12 @@ class ConstraintGuide:
             apply_token_bitmask_(logits, masks, indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
         if self.close_on_budget:
             for b in rows:
-                plan = self._closing_plan(b)
-                if plan is not None:
-                    self._bias_plan(logits[b:b + 1], plan, self.walkers[b].stop_token_ids)
-                    self.closing[b] = self.closing[b] or bool(plan) or self.walkers[b].is_accepting()
+                self._steer_to_close(b, logits[b:b + 1])
         self.mask_s += time.perf_counter() - t0
 
     def drain(self) -> None:
         """Wait for a mask still being computed ahead (the AR loop may end before using it)."""
-        pending, self._ar_pending = getattr(self, "_ar_pending", None), None
+        pending, self._ar_pending = self._ar_pending, None
         if pending is not None:
             pending[1].result()
 
