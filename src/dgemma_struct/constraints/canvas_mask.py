@@ -56,6 +56,11 @@ def _json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool
     return in_str, esc
 
 
+def allowed_among(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Positions ``i`` of ``ids`` (int64 token ids) whose token the bitmask ``row`` allows."""
+    return np.flatnonzero((row[ids >> 5].astype(np.int64) >> (ids & 31)) & 1)
+
+
 def bitmask_allows(row: np.ndarray, token: int) -> bool:
     return bool((int(row[token >> 5]) >> (token & 31)) & 1)
 
@@ -330,9 +335,9 @@ class CanvasWalker:
                      byte_ids: np.ndarray | None = None, byte_values: bytes = b"") -> list[int] | None:
         """A short continuation from the frozen state that lets a stop token end the output (the
         stop token itself not included): a greedy walk, not a proof of minimality. Each step takes
-        the forced tokens, else an allowed closer (inside a JSON string the longest that starts with
-        ``"``, outside one made of ``]``/``}``, then the shortest that starts with ``"``), else a single-byte token
-        (``byte_ids[i]`` spells ``byte_values[i]``): punctuation not yet used in the plan first (it
+        the forced tokens, else an allowed closer (inside a JSON string the longest that starts
+        with ``"``, outside one made of ``]``/``}``, then the shortest that starts with ``"``), else
+        a single-byte token (``byte_ids[i]`` spells ``byte_values[i]``): punctuation not yet used in the plan first (it
         moves a regex like ``[a-z.]+@[a-z]+`` on to its next part), then the lowest; else the lowest
         allowed id. ``quote_ids`` / ``bracket_ids`` are in order of preference. None when longer
         than ``max_n`` or at a dead end."""
@@ -356,12 +361,12 @@ class CanvasWalker:
                 # `"]}` is never written as the content of a new string
                 for ids in ((quote_ids,) if in_str else (bracket_ids, quote_ids[::-1])):
                     if ids.size:
-                        ok = np.flatnonzero((row[ids >> 5].astype(np.int64) >> (ids & 31)) & 1)
+                        ok = allowed_among(row, ids)
                         if ok.size:
                             pick = int(ids[ok[0]])
                             break
                 if pick is None and byte_ids is not None and byte_ids.size:
-                    ok = np.flatnonzero((row[byte_ids >> 5].astype(np.int64) >> (byte_ids & 31)) & 1)
+                    ok = allowed_among(row, byte_ids)
                     if ok.size:
                         fresh = [i for i in ok if not chr(byte_values[i]).isalnum() and byte_ids[i] not in plan]
                         pick = int(byte_ids[fresh[0] if fresh else ok[0]])
@@ -408,8 +413,7 @@ class CanvasWalker:
             if self._and_row is not None:
                 row &= self._and_row
             cand = top[i].astype(np.int64)
-            ok = (row[cand >> 5].astype(np.int64) >> (cand & 31)) & 1
-            hit = np.flatnonzero(ok)
+            hit = allowed_among(row, cand)
             if hit.size:
                 pick = int(cand[hit[0]])
             else:
