@@ -87,4 +87,10 @@ class GenerationTimeout(DgemmaStructError, TimeoutError):
     """Generation exceeded its deadline."""
 
 
+class ConstraintEngineError(DgemmaStructError):
+    """The native constraint engine (llguidance) failed on an input it accepted: a panic, a crashed
+    compile worker, or a matcher that refused tokens it had allowed. Not a fault of the spec's
+    syntax; the message says what happened."""
+
+
 __all__ = [name for name in dir() if name.endswith(("Error", "Failed", "Timeout"))]
