@@ -94,3 +94,17 @@ class ConstraintEngineError(DgemmaStructError):
 
 
 __all__ = [name for name in dir() if name.endswith(("Error", "Failed", "Timeout"))]
+
+
+class GroundingError(ConstraintError):
+    """A grounded-extraction request that cannot be served: an empty source, grounding on a field
+    that is neither a string nor a number, or a grounded field whose other constraints (pattern,
+    enum, format, length, bounds) no span of the source satisfies. ``path`` is the field's JSON
+    path when the error is about one field."""
+
+    def __init__(self, message: str, *, path: tuple = ()):
+        super().__init__(message)
+        self.path = tuple(path)
+
+
+__all__ = [name for name in dir() if name.endswith(("Error", "Failed", "Timeout"))]
