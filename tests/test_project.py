@@ -23,6 +23,8 @@ def test_readme_has_exactly_two_quick_start_commands():
     install_demo, tests = cmds
     assert install_demo.startswith("pip install torch==2.13.0") and "dgemma-struct demo" in install_demo
     assert tests.startswith("pip install torch==2.13.0") and "pytest" in tests
+    for cmd in cmds:  # both install with the lock
+        assert '-c constraints.txt -e ".[dev]"' in cmd
 
 
 def test_ci_runs_the_readme_test_command():
@@ -33,6 +35,61 @@ def test_ci_runs_the_readme_test_command():
     out = subprocess.run(["bash", "-c", f'{extract}; printf %s "$cmd"'], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out == _readme_commands()[1]
+    # ... inside a brand-new venv without system site-packages, created before the command runs
+    body = ci[ci.index("python3 -m venv"):]
+    assert "--system-site-packages" not in ci and body.index("activate") < body.index('bash -c "$cmd"')
+
+
+def _lock() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, _, version = line.partition("==")
+        assert version, f"constraints.txt: {line!r} is not an exact pin"
+        pins[_canonical(name)] = version.split(";")[0].strip()
+    return pins
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_lock_pins_every_dependency_exactly():
+    pins = _lock()
+    assert pins["torch"] == "2.13.0"  # the same pin as the README and pyproject.toml
+    for direct in ("transformers", "llguidance", "pydantic", "pytest", "hypothesis", "hypothesis-jsonschema",
+                   "schemathesis", "fastapi", "uvicorn", "openai", "outlines", "ray", "triton"):
+        assert direct in pins, f"{direct} is not locked"
+    # transitive dependencies are locked too (huggingface-hub comes only through transformers)
+    assert "huggingface-hub" in pins and "pydantic-core" in pins
+
+
+def test_installed_versions_match_the_lock():
+    """Drift: every pinned package is installed at exactly its pinned version (local labels such as
+    torch's ``+cpu`` aside). Fails in an environment not installed with ``-c constraints.txt``, or
+    when the lock no longer describes the tested environment; see docs/install.md."""
+    from importlib import metadata
+
+    drift = []
+    for name, version in sorted(_lock().items()):
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            drift.append(f"{name}: pinned {version}, not installed")
+            continue
+        if installed.split("+")[0] != version:
+            drift.append(f"{name}: pinned {version}, installed {installed}")
+    assert not drift, "installed packages differ from constraints.txt:\n" + "\n".join(drift)
+
+
+def test_lock_respects_the_known_upper_bounds():
+    from packaging.version import Version
+
+    pins = _lock()
+    assert Version(pins["hypothesis"]) < Version("6.170.10")  # hypothesis-jsonschema 0.23.1
+    assert Version(pins["pytest"]) < Version("9.2")            # schemathesis <= 4.32.5
 
 
 def test_torch_is_pinned():
