@@ -1,0 +1,248 @@
+"""The grounded grammar, without a model: every string it accepts is a span of the source (and
+valid JSON), every span it should offer is accepted, numbers come from the source, composition
+with pattern/enum/format/bounds, markers, offsets, HTML and the typed errors."""
+from __future__ import annotations
+
+import json
+import random
+from typing import Annotated, Optional
+
+import numpy as np
+import pytest
+from pydantic import BaseModel, Field
+
+from dgemma_struct.errors import GroundingError, SchemaError
+from dgemma_struct.grounding import (Grounded, chunk_offsets, compile_grounded, has_grounding, render_html,
+                                     source_numbers)
+from dgemma_struct.runtime import EMBEDDED_DIR
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(EMBEDDED_DIR))
+
+
+def one_field(kind: dict | None = None, **marker) -> dict:
+    field = {"type": "string", "x-grounded": marker or True}
+    field.update(kind or {})
+    return {"type": "object", "properties": {"v": field}, "required": ["v"], "additionalProperties": False}
+
+
+def doc(v) -> str:
+    return json.dumps({"v": v}, ensure_ascii=False, separators=(",", ":"))
+
+
+NASTY = 'Ann "Bo" O\'Neil\\x said:\n\tcafé 😀 naïve\x07end'
+
+
+def spans_of(text: str, granularity: str) -> set[str]:
+    ch = chunk_offsets(text, granularity)
+    out = set()
+    for i in range(len(ch)):
+        for j in range(i, len(ch)):
+            s = text[ch[i][0]:ch[j][1]]
+            if not (s[0].isspace() or s[-1].isspace() or ord(s[0]) < 32 or ord(s[-1]) < 32):
+                out.add(s)
+    return out
+
+
+@pytest.mark.parametrize("granularity", ["words", "chars"])
+def test_accepts_exactly_the_spans(tok, granularity):
+    """Every substring of a source full of quotes, backslashes, newlines, tabs, a control char,
+    accents and an emoji: accepted iff it is a chunk-aligned span without edge whitespace."""
+    c = compile_grounded(one_field(mode=granularity), tok, source=NASTY, use_cache=False)
+    expected = spans_of(NASTY, granularity)
+    subs = {NASTY[i:j] for i in range(len(NASTY)) for j in range(i + 1, len(NASTY) + 1)}
+    assert len(subs) > 600
+    for s in subs:
+        assert c.grammar_accepts(doc(s)) == (s in expected), repr(s)
+    for s in ["", "Dan", "Ann  Bo", "cafe", "😀😀", "Ann \"Bo\" O'Neil\\\\x"]:
+        assert not c.grammar_accepts(doc(s)), repr(s)
+
+
+def test_random_walks_give_valid_json_spans(tok):
+    """Sampling any allowed token at every step never yields invalid JSON or a non-span."""
+    c = compile_grounded(one_field(mode="chars"), tok, source=NASTY, use_cache=False)
+    rng = random.Random(0)
+    stops = set(c.stop_token_ids)
+    done = 0
+    for _ in range(40):
+        m = c.new_matcher()
+        toks = []
+        for _step in range(80):
+            allowed = np.flatnonzero(np.frombuffer(m.compute_logit_bias(), dtype=np.uint8)[:c.vocab_size])
+            assert allowed.size, "dead end"
+            choices = [int(t) for t in allowed if int(t) not in stops]
+            if not choices or (len(choices) < allowed.size and rng.random() < 0.3):
+                tok_id = next(int(t) for t in allowed if int(t) in stops)
+            else:
+                tok_id = rng.choice(choices)
+            assert m.consume_token(tok_id)
+            if tok_id in stops:
+                break
+            toks.append(tok_id)
+        else:
+            continue
+        text = c.tokenizer_info.lltok.decode_str(toks)
+        value = json.loads(text)["v"]
+        assert value in NASTY and value == value.strip()
+        assert c.validate_text(text).ok
+        done += 1
+    assert done >= 20
+
+
+def test_numbers_only_from_source(tok):
+    src = "Order ORD-12345: 3 x lamp at 19.90 each, 1,250 in stock, call 555-867-5309, temp -4."
+    nums = [lit.value for lit, _, _ in source_numbers(src)]
+    assert nums == [12345, 3, 19.90, 1250, 555, 867, 5309, -4]
+    schema = {"type": "object", "properties": {
+        "qty": {"type": "integer", "x-grounded": True, "minimum": 1, "maximum": 1000},
+        "price": {"type": "number", "x-grounded": True}}, "required": ["qty", "price"]}
+    c = compile_grounded(schema, tok, source=src)
+    ok = lambda q, p: c.grammar_accepts(f'{{"qty":{q},"price":{p}}}')  # noqa: E731
+    assert ok(3, "19.90") and ok(555, 1250) and ok(867, -4)
+    assert not ok(4, "19.90")          # not in the source
+    assert not ok(12345, 3)            # above maximum
+    assert not ok("19.90", 3)          # not an integer
+    assert not ok(3, "19.9")           # written as 19.90 in the source; 19.9 is a different literal
+    assert c.validate_text('{"qty":3,"price":19.90}').ok
+
+
+def test_pattern_enum_format_compose(tok):
+    src = "Call 555-867-5309 or 555-111-2222, write to tzhang@post.io. Status: shipped."
+    schema = {"type": "object", "properties": {
+        "phone": {"type": "string", "pattern": r"^\d{3}-\d{3}-\d{4}$", "x-grounded": True},
+        "email": {"type": "string", "format": "email", "x-grounded": True},
+        "status": {"enum": ["pending", "shipped"], "x-grounded": True},
+        "code": {"type": "string", "minLength": 3, "maxLength": 4, "x-grounded": True}},
+        "required": ["phone", "email", "status", "code"], "additionalProperties": False}
+    c = compile_grounded(schema, tok, source=src)
+    good = {"phone": "555-111-2222", "email": "tzhang@post.io", "status": "shipped", "code": "Call"}
+    enc = lambda v: json.dumps(v, separators=(",", ":"))  # noqa: E731
+    assert c.grammar_accepts(enc(good)) and c.validate_text(enc(good)).ok
+    for k, bad in [("phone", "555-867"), ("phone", "555-000-0000"), ("email", "to tzhang@post.io."),
+                   ("email", "tzhang@post.io."), ("status", "pending"), ("code", "or"), ("code", "Status")]:
+        assert not c.grammar_accepts(enc({**good, k: bad})), (k, bad)
+
+
+def test_unsatisfiable_fields_raise_before_generation(tok):
+    with pytest.raises(GroundingError) as e:
+        compile_grounded(one_field({"pattern": r"^\d{5}$"}), tok, source="no digits here")
+    assert e.value.path == ("v",)
+    with pytest.raises(GroundingError):
+        compile_grounded(one_field({"enum": ["red", "blue"]}), tok, source="a green car")
+    with pytest.raises(GroundingError):
+        compile_grounded({"type": "object", "properties": {"n": {"type": "integer", "x-grounded": True,
+                                                                 "minimum": 100}}}, tok, source="only 7 and 9")
+
+
+@pytest.mark.parametrize("source", ["", "   \n\t ", [], ["", " "]])
+def test_empty_source(tok, source):
+    with pytest.raises(GroundingError, match="empty"):
+        compile_grounded(one_field(), tok, source=source)
+
+
+@pytest.mark.parametrize("field", [{"type": "boolean"}, {"type": "object"}, {"type": "array", "items": {}},
+                                   {"type": "null"}, {}])
+def test_grounding_a_non_scalar_field_is_a_typed_error(tok, field):
+    schema = {"type": "object", "properties": {"x": {**field, "x-grounded": True}}}
+    with pytest.raises(GroundingError, match="only string and number"):
+        compile_grounded(schema, tok, source="some text")
+
+
+def test_bad_options(tok):
+    with pytest.raises(GroundingError):
+        compile_grounded(one_field(), tok, source="x y", ground="everything")
+    with pytest.raises(GroundingError):
+        compile_grounded(one_field(), tok, source="x y", granularity="lines")
+    with pytest.raises(GroundingError):
+        compile_grounded(one_field(mode="sentences"), tok, source="x y")
+    with pytest.raises(GroundingError, match="nothing to ground"):
+        compile_grounded({"type": "object", "properties": {"a": {"type": "string"}}}, tok, source="x y")
+    with pytest.raises(SchemaError):
+        compile_grounded({"type": "object", "properties": {"a": {"$ref": "#/$defs/nope", "x-grounded": True}}},
+                         tok, source="x y")
+    with pytest.raises(GroundingError):
+        Grounded("paragraphs")
+
+
+class Address(BaseModel):
+    city: Annotated[str, Grounded()]
+    country: str
+
+
+class Person(BaseModel):
+    name: Annotated[str, Grounded()]
+    age: Annotated[int, Grounded()]
+    email: str = Field(json_schema_extra={"x-grounded": True})
+    nick: Optional[Annotated[str, Grounded(mode="chars")]] = None
+    address: Address
+    skills: list[Annotated[str, Grounded()]] = []
+
+
+SRC = "Tara Zhang (42) lives in Oslo, Norway; mail tzhang@post.io. Skills: rust, sql."
+
+
+def test_pydantic_markers_and_nested_models(tok):
+    assert has_grounding(Person) and not has_grounding({"type": "string"})
+    c = compile_grounded(Person, tok, source=SRC)
+    v = {"name": "Tara Zhang", "age": 42, "email": "tzhang@post.io", "nick": "ara",
+         "address": {"city": "Oslo", "country": "Atlantis"}, "skills": ["rust", "sql"]}
+    text = json.dumps(v, separators=(",", ":"))
+    assert c.grammar_accepts(text)
+    out = c.validate_text(text)
+    assert out.ok and isinstance(out.value, Person)
+    assert not c.grammar_accepts(text.replace('"Oslo"', '"Bergen"'))       # nested grounded field
+    assert c.grammar_accepts(text.replace('"Atlantis"', '"Bergen"'))       # ungrounded field: free
+    assert not c.grammar_accepts(text.replace('"ara"', '"Tar a"'))
+    assert not c.grammar_accepts(text.replace('"sql"', '"go"'))            # array items grounded
+    assert c.grammar_accepts(text.replace(',"nick":"ara"', ''))            # optional may be left out
+    assert c.grammar_accepts(text.replace('"ara"', 'null'))
+    spans, issues = c.locate(v)
+    assert not issues
+    got = {s.pointer: (s.start, s.end) for s in spans}
+    assert got["/name"] == (0, 10) and got["/age"] == (12, 14) and got["/skills/1"] == (SRC.index("sql"), SRC.index("sql") + 3)
+    for s in spans:
+        assert SRC[s.start:s.end] == s.text == str(s.value)
+
+
+def test_request_level_ground_equals_markers(tok):
+    plain = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                              "mood": {"enum": ["happy", "sad"]}},
+             "required": ["name", "age", "mood"]}
+    c = compile_grounded(plain, tok, source="Tara Zhang is 42.", ground="all")
+    assert c.grammar_accepts('{"name":"Tara Zhang","age":42,"mood":"sad"}')  # enums stay closed sets
+    assert not c.grammar_accepts('{"name":"Tara","age":41,"mood":"sad"}')
+    s = compile_grounded(plain, tok, source="Tara Zhang is 42.", ground="strings")
+    assert s.grammar_accepts('{"name":"Tara","age":41,"mood":"sad"}')
+    assert not s.grammar_accepts('{"name":"Tar","age":41,"mood":"sad"}')
+    opt_out = {**plain, "properties": {**plain["properties"], "name": {"type": "string", "x-grounded": False}}}
+    o = compile_grounded(opt_out, tok, source="Tara Zhang is 42.", ground="all")
+    assert o.grammar_accepts('{"name":"Dara","age":42,"mood":"sad"}')
+
+
+def test_several_documents_spans_do_not_cross(tok):
+    docs = ["Ada Lovelace wrote notes.", "Alan Turing broke codes."]
+    c = compile_grounded(one_field(), tok, source=docs)
+    assert c.grammar_accepts(doc("Alan Turing")) and c.grammar_accepts(doc("wrote notes."))
+    assert not c.grammar_accepts(doc("notes. Alan"))
+    spans, _ = c.locate({"v": "Turing"})
+    assert (spans[0].doc, spans[0].start, spans[0].end) == (1, 5, 11)
+
+
+def test_validation_rejects_non_spans_even_without_the_grammar(tok):
+    c = compile_grounded(one_field(), tok, source="Tara Zhang is 42.")
+    out = c.validate_text(doc("Dara Zhang"))
+    assert not out.ok and out.errors[0].path == ("v",)
+
+
+def test_html_marks_and_escapes(tok):
+    src = 'Dr. <b>Who</b> & "Rose" met in 2005.'
+    schema = {"type": "object", "properties": {"who": {"type": "string"}, "year": {"type": "integer"}}}
+    c = compile_grounded(schema, tok, source=src, ground="all")
+    spans, _ = c.locate({"who": "<b>Who</b>", "year": 2005})
+    page = render_html(c.sources, spans, value={"who": "<b>Who</b>", "year": 2005}, title="t")
+    assert "<b>Who</b>" not in page.replace("&lt;b&gt;Who&lt;/b&gt;", "")
+    assert page.count("<mark") == 2 and ">who</span>" in page and ">year</span>" in page
+    assert "&amp; &quot;Rose&quot;" in page or "&amp; \"Rose\"" in page
