@@ -13,7 +13,7 @@ Example::
 """
 from dgemma_struct.api import (agenerate, agenerate_json, constraint_for, generate, generate_batch, generate_choice,
                                generate_grammar, generate_json, generate_json_batch, generate_regex, partial_json,
-                               stream)
+                               stream, stream_json)
 from dgemma_struct.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, compile_constraint
 from dgemma_struct.errors import DgemmaStructError
 from dgemma_struct.hooks import NullHook, StepHook, StepView
@@ -23,7 +23,7 @@ from dgemma_struct.runtime import DiffusionRuntime
 __version__ = "0.1.0"
 __all__ = [
     "generate", "generate_json", "generate_regex", "generate_grammar", "generate_choice", "generate_batch",
-    "generate_json_batch", "agenerate", "agenerate_json", "stream", "partial_json", "constraint_for",
+    "generate_json_batch", "agenerate", "agenerate_json", "stream", "stream_json", "partial_json", "constraint_for",
     "compile_constraint", "Constraint", "Regex", "Grammar", "Choice", "JsonSchema", "DiffusionRuntime",
     "GenerationResult", "GenerationStats", "CanvasEvent", "StepHook", "StepView", "NullHook", "DgemmaStructError",
     "__version__",

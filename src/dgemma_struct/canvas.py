@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from dgemma_struct.hooks import StepHook, StepView
-from dgemma_struct.sampler import (DiffusionSettings, StableAndConfident, entropy_bound_accept, random_canvas,
-                                   sample_tokens, temperature)
+from dgemma_struct.sampler import (DiffusionSettings, StableAndConfident, entropy_bound_accept,
+                                   random_canvas, sample_rows, sample_tokens, step_entropy, temperature,
+                                   top_p_filter)
 
 
 @dataclass
@@ -49,9 +50,22 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    settings: DiffusionSettings, eos_token_ids: list[int], pad_token_id: int | None,
                    hook: StepHook | None = None,
                    on_canvas: Callable[[int, torch.Tensor], None] | None = None,
-                   on_draft: Callable[[int, torch.Tensor], None] | None = None) -> LoopOutput:
+                   on_draft: Callable[[int, torch.Tensor], None] | None = None,
+                   temperature_scale: float | None = None, top_p: float = 1.0,
+                   generators: Sequence[torch.Generator] | None = None) -> LoopOutput:
     """Runs block diffusion on a left-padded batch. ``on_canvas(i, tokens[B, L])`` sees each
-    committed canvas, ``on_draft(i, argmax[B, L])`` each step's draft."""
+    committed canvas, ``on_draft(i, argmax[B, L])`` each step's draft.
+
+    ``temperature_scale``: ``None`` or 1 = the checkpoint's schedule; ``s > 0`` scales the whole
+    schedule (``t_min``/``t_max``) by ``s``; ``0`` = greedy (the argmax is taken where the sampler
+    would draw; acceptance still uses the unscaled schedule's entropies). ``top_p`` < 1 filters
+    each draw to its nucleus.
+
+    ``generators``: one ``torch.Generator`` per row. Without them every draw comes from torch's
+    global RNG in transformers' order (an unconstrained run reproduces ``model.generate``). With
+    them each row draws from its own generator, only at the positions the step can change
+    (positions the sampler accepts and ``view.sample_at``), and only while it is still denoising:
+    a row's output is then independent of the rows batched with it."""
     from transformers import DynamicCache
 
     config = model.config
@@ -74,6 +88,10 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     steps_total = 0
     canvases = 0
     embed_dtype = model.model.decoder.embed_tokens.weight.dtype
+    greedy = temperature_scale == 0
+    scale = temperature_scale if temperature_scale not in (None, 0) else None
+    if generators is not None and len(generators) != B:
+        raise ValueError(f"{len(generators)} generators for {B} rows")
 
     for canvas_index in range(n_canvases):
         # 1.a encode what is not cached yet
@@ -87,7 +105,7 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         model_s += time.perf_counter() - t0
 
         # 1.b fresh canvas
-        canvas = random_canvas(B, L, V, device)
+        canvas = random_canvas(B, L, V, device, generators, rows=~finished)
         sc_logits = None
         masks = model.model.decoder.create_diffusion_decoder_attention_mask(
             config=config, inputs_embeds=canvas.unsqueeze(-1), past_key_values=cache, decoder_attention_mask=dec_attn)
@@ -119,24 +137,41 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             raw = model(decoder_input_ids=canvas, self_conditioning_logits=sc_logits, decoder_attention_mask=masks,
                         past_key_values=cache, decoder_position_ids=dec_pos).logits
             model_s += time.perf_counter() - t0
-            logits = raw / temperature(settings, cur_step)
+            t_step = temperature(settings, cur_step)
+            logits = raw / (t_step * scale if scale is not None else t_step)
+            active = ~(finished | finished_denoising)
 
             if hook is not None:
                 t0 = time.perf_counter()
                 _one_hot_frozen(logits, frozen, frozen_tokens)
                 view.step, view.logits, view.canvas = cur_step, logits, canvas
                 view.frozen, view.frozen_tokens = frozen, frozen_tokens
+                view.active, view.sample_at = active, None
                 hook.mask_logits(view)
                 hook_s += time.perf_counter() - t0
 
-            sample = sample_tokens(logits)
+            # one entropy per step, shared by the acceptance rule and the stopping rule
+            entropy = step_entropy(logits)  # NaN-free: an emptied position becomes uniform
+            accept = entropy_bound_accept(logits, settings.entropy_bound, entropy=entropy)
             new_argmax = torch.argmax(logits, dim=-1)
-            accept = entropy_bound_accept(logits, settings.entropy_bound)
+            if generators is not None:
+                where = accept & ~frozen & active[:, None]
+                if hook is not None and view.sample_at is not None:
+                    where |= view.sample_at & active[:, None]
+                sample = sample_rows(logits, fill=new_argmax, where=where, generators=generators, top_p=top_p,
+                                     greedy=greedy)
+            elif greedy:
+                sample = new_argmax
+            else:
+                drawn = logits
+                if top_p < 1.0:
+                    drawn = top_p_filter(drawn.view(-1, V), top_p).view(B, L, V)
+                sample = sample_tokens(drawn)
 
             if hook is not None:
                 t0 = time.perf_counter()
                 view.sample, view.argmax, view.accept = sample, new_argmax, accept
-                view.active = ~(finished | finished_denoising)
+                view.active = active
                 hook.accept(view)
                 frozen, frozen_tokens = view.frozen, view.frozen_tokens
                 sample = torch.where(frozen, frozen_tokens, view.sample)
@@ -145,14 +180,14 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 hook_s += time.perf_counter() - t0
 
             accepted = torch.where(accept, sample, canvas)
-            new_canvas = torch.where(~accept, random_canvas(B, L, V, device), accepted)
+            new_canvas = torch.where(~accept, random_canvas(B, L, V, device, generators, rows=active), accepted)
 
             if finished_denoising.any():
                 new_argmax = torch.where(finished_denoising[:, None], argmax, new_argmax)
                 new_canvas = torch.where(finished_denoising[:, None], canvas, new_canvas)
                 if sc_logits is not None:  # None when a row was finished by the hook before step 1
                     logits = torch.where(finished_denoising[:, None, None], sc_logits, logits)
-            finished_denoising |= stopper(new_argmax, logits)
+            finished_denoising |= stopper(new_argmax, logits, entropy=entropy)
             if hook is not None:
                 finished_denoising |= view.done
             canvas, argmax = new_canvas, new_argmax
@@ -168,6 +203,9 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             t0 = time.perf_counter()
             if sc_logits is not None:  # else no step ran: the hook finished every row up front
                 view.logits = sc_logits
+            # every row that generated in this canvas ends it, whether the stopper ended its
+            # denoising early (a batch) or at the last step: none commits unchecked positions
+            view.active = ~finished
             committed = hook.finish_canvas(view, argmax)
             hook_s += time.perf_counter() - t0
         sequences = torch.cat([sequences, committed], dim=-1)
@@ -201,12 +239,15 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 @torch.no_grad()
 def autoregressive_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-                        eos_token_ids: list[int], pad_token_id: int | None, temperature: float = 0.0,
+                        eos_token_ids: list[int], pad_token_id: int | None, temperature: float | None = 0.0,
                         hook: StepHook | None = None,
-                        on_token: Callable[[torch.Tensor], None] | None = None) -> LoopOutput:
+                        on_token: Callable[[torch.Tensor], None] | None = None, top_p: float = 1.0,
+                        generators: Sequence[torch.Generator] | None = None) -> LoopOutput:
     """Left-to-right decoding on the same weights: the causal encoder with its KV cache, the tied
-    ``lm_head`` and final-logit softcapping. ``temperature=0`` is greedy; sampling draws from
-    torch's global RNG. The hook masks each row's logits before the choice."""
+    ``lm_head`` and final-logit softcapping. ``temperature`` 0 or ``None`` is greedy; sampling
+    draws from torch's global RNG, or with ``generators`` each row from its own (only while it is
+    unfinished). ``top_p`` < 1 filters each draw to its nucleus. The hook masks each row's logits
+    before the choice."""
     from transformers import DynamicCache
 
     config = model.config
@@ -236,8 +277,15 @@ def autoregressive_loop(model, input_ids: torch.Tensor, attention_mask: torch.Te
             t0 = time.perf_counter()
             hook.mask_ar_logits(logits, ~finished)
             hook_s += time.perf_counter() - t0
-        if temperature > 0:
-            token = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(-1)
+        if temperature and generators is not None:
+            token = sample_rows(logits[:, None], fill=torch.argmax(logits, dim=-1)[:, None],
+                                where=~finished[:, None], generators=generators, scale=temperature,
+                                top_p=top_p)[:, 0]
+        elif temperature:
+            scaled = logits / temperature
+            if top_p < 1.0:
+                scaled = top_p_filter(scaled, top_p)
+            token = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)
         else:
             token = torch.argmax(logits, dim=-1)
         token = torch.where(finished, torch.full_like(token, pad), token)

@@ -102,7 +102,8 @@ class ConstraintGuide:
         self.start = [len(w.frozen_tokens) if w is not None else 0 for w in self.walkers]
         self.forced = [0] * B        # tokens written without a forward pass
         self.stalled = [0] * B       # consecutive steps without progress
-        self.dead_end = [False] * B  # the walk made no progress for ``stall_steps`` steps
+        self.dead_end = [False] * B  # the walk made no progress for ``stall_steps`` steps, or nothing is allowed
+        self.no_allowed = [False] * B  # the grammar allows no token at the frontier: the row was ended
         self.mask_s = 0.0
         self._n_frozen = [0] * B     # frozen positions in the current canvas (a prefix)
         self._masked_rows: list[int] = []
@@ -171,6 +172,20 @@ class ConstraintGuide:
                 new.append(b)
         return new
 
+    def _end_dead(self, view: StepView, b: int) -> None:
+        """Row ``b``'s frontier has an empty allowed set (an engine dead end): no token can ever
+        be committed there, so the row ends now (pad, then EOS on commit; the walker never sees it)
+        and is reported as a dead end (repaired, or a typed error) instead of sampling from an
+        all ``-inf`` distribution."""
+        f = self._n_frozen[b]
+        L = view.frozen.shape[1]
+        self.dead_end[b] = self.no_allowed[b] = True
+        self._cut_at[b] = f
+        view.frozen[b, f:] = True
+        view.frozen_tokens[b, f:] = self.pad
+        self._n_frozen[b] = L
+        view.done[b] = True
+
     def _cut_canvas(self, view: StepView) -> None:
         """Cut rows: the rest of this canvas is pad, the row is done (EOS is written on commit)."""
         for b in range(len(self.walkers)):
@@ -190,7 +205,7 @@ class ConstraintGuide:
         self._canvas = (view.canvas_index, L)
         self._check_cut(view.active)
         for b, w in enumerate(self.walkers):
-            if w is None or not bool(view.active[b]) or self.cut[b]:
+            if w is None or not bool(view.active[b]) or self.cut[b] or self.no_allowed[b]:
                 continue
             self._apply_forced(view, b)
         self._cut_canvas(view)
@@ -204,23 +219,38 @@ class ConstraintGuide:
             self._cut_canvas(view)
         logits = view.logits
         B, L, V = logits.shape
-        draft = logits.argmax(dim=-1)
+        active = view.active
         rows, masks = [], []
-        for b, w in enumerate(self.walkers):
+        live = [b for b, w in enumerate(self.walkers)
+                if w is not None and self._n_frozen[b] < L and not bool(view.done[b])
+                and (active is None or bool(active[b]))]
+        if live and self.progress:
+            view.sample_at = torch.zeros((B, L), dtype=torch.bool, device=logits.device)
+        for b in live:
+            w = self.walkers[b]
             f = self._n_frozen[b]
-            if w is None or f >= L or bool(view.done[b]):
-                continue
-            res = w.walk(draft[b, f:].tolist())
+            res = w.walk(logits[b, f:].argmax(dim=-1).tolist())
             n = min(res.n_valid + 1, L - f)
+            bm = res.bitmasks[:n]
+            empty = ~bm.any(axis=1)
+            if empty[0]:  # nothing allowed at the frontier, ever: a dead end, not NaN
+                self._end_dead(view, b)
+                continue
+            if empty.any():  # a draft prefix that leads nowhere: mask before it, the commit rule checks the rest
+                n = int(np.argmax(empty))
+                bm = bm[:n]
             rows.extend(b * L + f + i for i in range(n))
-            masks.append(res.bitmasks[:n])
+            masks.append(bm)
+            if view.sample_at is not None:
+                view.sample_at[b, f] = True
         if rows:
             apply_token_bitmask_(logits.view(B * L, V), np.concatenate(masks, axis=0),
                                  indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
         if self.close_on_budget:
-            for b, w in enumerate(self.walkers):
+            for b in live:
+                w = self.walkers[b]
                 f = self._n_frozen[b]
-                if w is None or f >= L or bool(view.done[b]) or w.is_stopped():
+                if f >= L or bool(view.done[b]) or w.is_stopped():
                     continue
                 self._steer_to_close(b, logits[b, f:])
         self.mask_s += time.perf_counter() - t0
@@ -356,11 +386,12 @@ class ConstraintGuide:
         t0 = time.perf_counter()
         self._check_cut(active)
         for b in range(len(self.walkers)):
-            if self.cut[b] and bool(active[b]) and self.walkers[b] is not None:
+            if (self.cut[b] or self.no_allowed[b]) and bool(active[b]) and self.walkers[b] is not None:
                 eos = self.walkers[b].stop_token_ids[0]
                 logits[b] = float("-inf")
                 logits[b, eos] = 0.0
-        rows = tuple(b for b, w in enumerate(self.walkers) if w is not None and bool(active[b]) and not self.cut[b])
+        rows = tuple(b for b, w in enumerate(self.walkers)
+                     if w is not None and bool(active[b]) and not self.cut[b] and not self.no_allowed[b])
         pending, self._ar_pending = self._ar_pending, None
         if pending is not None and pending[0] == rows:
             masks = pending[1].result()
@@ -368,6 +399,16 @@ class ConstraintGuide:
             if pending is not None:
                 pending[1].result()  # never leave a worker running on the walkers
             masks = self._ar_masks(rows)
+        if rows:
+            empty = ~masks.any(axis=1)
+            if empty.any():  # nothing allowed for these rows: end them (a dead end), never NaN
+                for j in np.flatnonzero(empty):
+                    b = rows[j]
+                    self.dead_end[b] = self.no_allowed[b] = True
+                    logits[b] = float("-inf")
+                    logits[b, self.walkers[b].stop_token_ids[0]] = 0.0
+                keep = np.flatnonzero(~empty)
+                rows, masks = tuple(rows[j] for j in keep), masks[keep]
         if rows:
             apply_token_bitmask_(logits, masks, indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
         if self.close_on_budget:
@@ -384,10 +425,10 @@ class ConstraintGuide:
     def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
         t0 = time.perf_counter()
         for b, w in enumerate(self.walkers):
-            if w is not None and bool(active[b]) and not self.cut[b]:
+            if w is not None and bool(active[b]) and not self.cut[b] and not self.no_allowed[b]:
                 w.commit([int(tokens[b])])
         nxt = tuple(b for b, w in enumerate(self.walkers) if w is not None and bool(active[b])
-                    and not self.cut[b] and int(tokens[b]) not in w.stop_token_ids)
+                    and not self.cut[b] and not self.no_allowed[b] and int(tokens[b]) not in w.stop_token_ids)
         if nxt:
             self._ar_pending = (nxt, _mask_pool().submit(self._ar_masks, nxt))
         self.mask_s += time.perf_counter() - t0

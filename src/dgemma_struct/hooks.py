@@ -37,7 +37,11 @@ class StepView:
     sample: torch.Tensor | None = None   # [B, L] denoiser sample (editable in ``accept``)
     argmax: torch.Tensor | None = None   # [B, L] argmax of the (masked) logits
     accept: torch.Tensor | None = None   # [B, L] bool: the sampler's acceptances (editable)
-    active: torch.Tensor | None = None   # [B] bool: rows still generating
+    active: torch.Tensor | None = None   # [B] bool: rows still denoising (at the canvas end: still generating)
+    # [B, L] bool a hook may set in ``mask_logits``: positions that need a sample even when the
+    # sampler does not accept them (the guide's frontier). With per-row generators the loop draws
+    # only at accepted positions and these; ``sample`` holds the argmax elsewhere.
+    sample_at: torch.Tensor | None = None
 
 
 @runtime_checkable

@@ -28,7 +28,8 @@ class GenerationStats:
     junk_repairs: int = 0
     fallback: bool = False
     budget_closing: bool = False  # the output was steered to close near the end of its token budget
-    finish_reason: str = "stop"
+    finish_reason: str = "stop"   # "stop", "length" (free text cut at max_new_tokens) or "error"
+    seed: int | None = None       # the seed this row's draws came from (None: torch's global RNG)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,7 +52,12 @@ class GenerationResult:
 
 @dataclass
 class CanvasEvent:
-    """One streamed event: a committed canvas (``draft=False``) or a denoising draft."""
+    """One streamed event: a committed canvas (``draft=False``) or a denoising draft.
+
+    ``value``: for a constrained JSON stream, the partial value parsed so far (a partial pydantic
+    instance for a pydantic schema); on the final event the validated value. ``validated`` is True
+    only on that final event: every earlier value is a draft, never checked against the schema.
+    The final event (``done=True``) carries ``finish_reason`` and ``stats``."""
 
     row: int
     canvas_index: int
@@ -59,3 +65,7 @@ class CanvasEvent:
     text: str
     draft: bool = False
     done: bool = False
+    value: Any = None
+    validated: bool = False
+    finish_reason: str | None = None
+    stats: GenerationStats | None = None

@@ -10,6 +10,9 @@ Example::
 """
 from __future__ import annotations
 
+import math
+import numbers
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -29,6 +32,38 @@ EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
 _default_lock = threading.Lock()
 _default_runtime: "DiffusionRuntime | None" = None
+
+MAX_SEED = 2**63 - 1
+MAX_TEMPERATURE = 100.0
+
+
+def fresh_seed() -> int:
+    """A seed from the OS's entropy pool (what ``seed=None`` means in the constrained API)."""
+    return secrets.randbelow(2**62)
+
+
+def check_seed(seed: Any, name: str = "seed") -> None:
+    """``None`` or an integer in ``[0, 2**63)``; anything else is an :class:`InvalidRequestError`."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) <= MAX_SEED:
+        raise InvalidRequestError(f"{name} must be None or an integer in [0, 2**63), got {seed!r}")
+
+
+def check_sampling(temperature: Any, top_p: Any) -> None:
+    """``temperature``: ``None`` or a finite number in ``[0, 100]``; ``top_p``: in ``(0, 1]``."""
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real)
+                                    or not math.isfinite(temperature) or not 0 <= temperature <= MAX_TEMPERATURE):
+        raise InvalidRequestError(f"temperature must be None or a number in [0, {MAX_TEMPERATURE:g}], "
+                                  f"got {temperature!r}")
+    if (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not math.isfinite(top_p)
+            or not 0 < top_p <= 1):
+        raise InvalidRequestError(f"top_p must be a number in (0, 1], got {top_p!r}")
+
+
+def check_max_new_tokens(max_new_tokens: Any) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens <= 0:
+        raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
 
 
 class DiffusionRuntime:
@@ -123,63 +158,108 @@ class DiffusionRuntime:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def _split(self, row: torch.Tensor, max_new_tokens: int) -> tuple[list[int], str]:
-        """Generated ids up to (excluding) the first EOS, without pad; and the finish reason."""
-        ids = row.tolist()
+    def _split(self, row: torch.Tensor | Sequence[int], max_new_tokens: int) -> tuple[list[int], str]:
+        """Generated ids up to (excluding) the first stop token, without pad, at most
+        ``max_new_tokens`` of them; and the finish reason: ``"stop"`` when a stop token ends the
+        output within the budget (the stop token counts as one of the ``max_new_tokens``, as in
+        vLLM), ``"length"`` when the budget is reached first (the canvas holds whole blocks, so the
+        loop may have produced more: it is cut)."""
+        ids = row.tolist() if isinstance(row, torch.Tensor) else list(row)
         out: list[int] = []
         for t in ids:
+            if len(out) >= max_new_tokens:
+                return out, "length"
             if t in self.eos_token_ids:
-                return out, "stop"
+                return out, "stop" if len(out) < max_new_tokens else "length"
             if t != self.pad_token_id:
                 out.append(t)
-        return out[:max_new_tokens], "length"
+        return out, "length"
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt: Prompt, *, max_new_tokens: int = 128, seed: int | None = None,
-                 mode: str = "diffusion", hook: StepHook | None = None, temperature: float = 0.0,
-                 settings: DiffusionSettings | None = None) -> GenerationResult:
+                 mode: str = "diffusion", hook: StepHook | None = None, temperature: float | None = None,
+                 top_p: float = 1.0, settings: DiffusionSettings | None = None) -> GenerationResult:
         """One prompt; see :meth:`generate_batch`."""
         return self.generate_batch([prompt], max_new_tokens=max_new_tokens, seed=seed, mode=mode, hook=hook,
-                                   temperature=temperature, settings=settings)[0]
+                                   temperature=temperature, top_p=top_p, settings=settings)[0]
 
-    def generate_batch(self, prompts: Sequence[Prompt], *, max_new_tokens: int = 128, seed: int | None = None,
-                       mode: str = "diffusion", hook: StepHook | None = None, temperature: float = 0.0,
+    def generate_batch(self, prompts: Sequence[Prompt], *, max_new_tokens: int = 128,
+                       seed: int | Sequence[int] | None = None, mode: str = "diffusion",
+                       hook: StepHook | None = None, temperature: float | None = None, top_p: float = 1.0,
                        settings: DiffusionSettings | None = None,
                        on_canvas=None, on_draft=None) -> list[GenerationResult]:
         """Generates for a batch of prompts (left-padded). ``mode="diffusion"`` runs block
-        diffusion, ``mode="ar"`` the same weights left to right (``temperature`` 0 = greedy).
-        ``seed`` seeds torch's global RNG, as ``model.generate`` uses it."""
+        diffusion, ``mode="ar"`` the same weights left to right.
+
+        Sampling: ``temperature=None`` is each mode's default (diffusion: the checkpoint's
+        temperature schedule; AR: greedy); ``0`` is greedy in both; ``t > 0`` scales the diffusion
+        schedule by ``t`` and is the softmax temperature in AR. ``top_p`` < 1: nucleus sampling.
+
+        ``seed``: an int seeds torch's global RNG, as ``model.generate`` uses it (an unconstrained
+        run then reproduces ``model.generate``); ``None`` draws from the global RNG as it stands.
+        A list (one seed per row), or any run with a ``hook``, gives every row its own generator:
+        a row's output is then the same in any batch (see :func:`~dgemma_struct.canvas.diffusion_loop`)."""
         if not prompts:
             raise InvalidRequestError("no prompts given")
         return self.generate_ids([self.encode_prompt(p) for p in prompts], max_new_tokens=max_new_tokens,
-                                 seed=seed, mode=mode, hook=hook, temperature=temperature, settings=settings,
-                                 on_canvas=on_canvas, on_draft=on_draft)
+                                 seed=seed, mode=mode, hook=hook, temperature=temperature, top_p=top_p,
+                                 settings=settings, on_canvas=on_canvas, on_draft=on_draft)
 
-    def generate_ids(self, encoded: Sequence[Sequence[int]], *, max_new_tokens: int = 128, seed: int | None = None,
-                     mode: str = "diffusion", hook: StepHook | None = None, temperature: float = 0.0,
+    def _row_seeds(self, seed: int | Sequence[int] | None, n: int) -> list[int]:
+        if seed is None:  # from the global RNG: reproducible under torch.manual_seed, as before
+            return [int(x) for x in torch.randint(0, 2**62, (n,))]
+        if isinstance(seed, numbers.Integral):
+            return [int(seed)] * n
+        seeds = list(seed)
+        if len(seeds) != n:
+            raise InvalidRequestError(f"{n} rows but {len(seeds)} seeds")
+        for s in seeds:
+            check_seed(s)
+        return [int(s) for s in seeds]
+
+    def generate_ids(self, encoded: Sequence[Sequence[int]], *, max_new_tokens: int = 128,
+                     seed: int | Sequence[int] | None = None, mode: str = "diffusion",
+                     hook: StepHook | None = None, temperature: float | None = None, top_p: float = 1.0,
                      settings: DiffusionSettings | None = None, on_canvas=None,
                      on_draft=None) -> list[GenerationResult]:
         """Like :meth:`generate_batch` on already-encoded prompts (token ids, template applied)."""
         if mode not in MODES:
             raise InvalidRequestError(f"unknown mode {mode!r}; expected one of {MODES}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if not encoded or any(len(e) == 0 for e in encoded):
-            raise InvalidRequestError("every prompt needs at least one token")
+        check_max_new_tokens(max_new_tokens)
+        if not isinstance(seed, (list, tuple)):
+            check_seed(seed)
+        check_sampling(temperature, top_p)
+        if settings is not None and not isinstance(settings, DiffusionSettings):
+            raise InvalidRequestError(f"settings must be a DiffusionSettings, got {type(settings).__name__}")
+        if (isinstance(encoded, (str, bytes)) or not isinstance(encoded, Sequence) or not encoded
+                or any(isinstance(e, (str, bytes)) or not isinstance(e, Sequence) or len(e) == 0 for e in encoded)):
+            raise InvalidRequestError("every prompt needs at least one token id")
+        V = self.model.config.text_config.vocab_size
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < V
+               for e in encoded for t in e):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {V})")
+        per_row = hook is not None or isinstance(seed, (list, tuple))
         ids, mask = self._batch(encoded, max_new_tokens)
         with self.lock:
-            if seed is not None:
+            row_seeds: list[int | None] = [None] * len(encoded)
+            generators = None
+            if per_row:
+                row_seeds = self._row_seeds(seed, len(encoded))
+                generators = [torch.Generator(device=self.model.device).manual_seed(s) for s in row_seeds]
+            elif seed is not None:
                 torch.manual_seed(seed)
+                row_seeds = [int(seed)] * len(encoded)
             t0 = time.perf_counter()
             if mode == "diffusion":
                 out: LoopOutput = diffusion_loop(
                     self.model, ids, mask, max_new_tokens=max_new_tokens, settings=settings or self.settings,
                     eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, hook=hook,
-                    on_canvas=on_canvas, on_draft=on_draft)
+                    on_canvas=on_canvas, on_draft=on_draft, temperature_scale=temperature, top_p=top_p,
+                    generators=generators)
             else:
                 out = autoregressive_loop(self.model, ids, mask, max_new_tokens=max_new_tokens,
                                           eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
-                                          temperature=temperature, hook=hook)
+                                          temperature=temperature, hook=hook, top_p=top_p, generators=generators)
             wall = time.perf_counter() - t0
         results = []
         new = out.sequences[:, ids.shape[1]:]
@@ -191,7 +271,7 @@ class DiffusionRuntime:
                 mode=mode, forward_passes=passes, generated_tokens=len(token_ids),
                 tokens_per_forward=(non_pad / passes) if passes else 0.0, canvases=out.canvases,
                 denoising_steps=out.steps, wall_s=wall, model_s=out.model_s, other_s=max(0.0, wall - out.model_s),
-                mask_s=out.hook_s, finish_reason=reason)
+                mask_s=out.hook_s, finish_reason=reason, seed=row_seeds[b])
             results.append(GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=stats))
         return results
 
@@ -237,12 +317,19 @@ class DiffusionRuntime:
         return await api.agenerate_json(prompt, schema, runtime=self, **opts)
 
     def stream(self, prompt: Prompt | None = None, *, prompt_ids: Sequence[int] | None = None,
-               max_new_tokens: int = 128, seed: int | None = None, drafts: bool = False,
-               hook: StepHook | None = None) -> Iterator[CanvasEvent]:
-        """Yields each committed canvas (and, with ``drafts=True``, each step's draft) as it is
-        produced; the last event has ``done=True``. Runs the loop in a worker thread."""
+               max_new_tokens: int = 128, seed: int | Sequence[int] | None = None, drafts: bool = False,
+               hook: StepHook | None = None, temperature: float | None = None,
+               top_p: float = 1.0) -> Iterator[CanvasEvent]:
+        """Yields each committed canvas (and, with ``drafts=True``, each step's draft, marked
+        ``draft=True``) as it is produced, its text capped at ``max_new_tokens`` tokens; the last
+        event has ``done=True``, the ``finish_reason`` (``"stop"`` or ``"length"``) and the stats.
+        Runs the loop in a worker thread."""
         import queue
 
+        check_max_new_tokens(max_new_tokens)
+        if not isinstance(seed, (list, tuple)):
+            check_seed(seed)
+        check_sampling(temperature, top_p)
         q: "queue.Queue[Any]" = queue.Queue()
         committed: list[int] = []
         encoded = list(prompt_ids) if prompt_ids is not None else self.encode_prompt(prompt)
@@ -260,9 +347,11 @@ class DiffusionRuntime:
         def work() -> None:
             try:
                 res = self.generate_ids([encoded], max_new_tokens=max_new_tokens, seed=seed, hook=hook,
-                                        on_canvas=on_canvas, on_draft=on_draft if drafts else None)[0]
+                                        on_canvas=on_canvas, on_draft=on_draft if drafts else None,
+                                        temperature=temperature, top_p=top_p)[0]
                 q.put(CanvasEvent(row=0, canvas_index=res.stats.canvases - 1, token_ids=res.token_ids,
-                                  text=res.text, done=True))
+                                  text=res.text, done=True, finish_reason=res.stats.finish_reason,
+                                  stats=res.stats))
             except BaseException as err:  # noqa: BLE001 - re-raised in the consumer
                 q.put(err)
 

@@ -17,7 +17,9 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -54,8 +56,40 @@ def temperature(settings: DiffusionSettings, cur_step: int) -> float:
     return settings.t_min + (settings.t_max - settings.t_min) * (cur_step / settings.max_denoising_steps)
 
 
+def _entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    lse = logits.logsumexp(dim=-1, keepdim=True)
+    norm = logits - lse
+    probs = torch.softmax(norm, dim=-1)
+    ent = -(torch.clamp(norm, min=torch.finfo(norm.dtype).min) * probs).sum(-1)
+    return ent, torch.isneginf(lse.squeeze(-1))
+
+
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    return torch.distributions.Categorical(logits=logits).entropy()
+    """Entropy per position, computed with exactly the operations of
+    ``torch.distributions.Categorical(logits=...).entropy()`` (so an unconstrained run reproduces
+    transformers bit for bit) but NaN-free: a position whose logits are all ``-inf`` (no allowed
+    token) gets entropy 0 instead of NaN, and no argument validation pass is spent."""
+    ent, dead = _entropy(logits)
+    if dead.any():
+        ent = torch.where(dead, torch.zeros_like(ent), ent)
+    return ent
+
+
+def step_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """:func:`token_entropy` for the denoising loop, which must never carry an empty distribution
+    forward (the logits also feed the next step's self-conditioning): a position with no finite
+    logit is reset **in place** to uniform logits (entropy ``log V``, never accepted first, never
+    NaN). Costs nothing extra when no position is empty."""
+    ent, dead = _entropy(logits)
+    if dead.any():
+        logits[dead] = 0.0
+        ent = torch.where(dead, torch.full_like(ent, math.log(logits.shape[-1])), ent)
+    return ent
+
+
+def dead_positions(logits: torch.Tensor) -> torch.Tensor:
+    """``[...]`` bool: positions where no token has a finite logit (an empty allowed set)."""
+    return torch.isneginf(logits.amax(dim=-1))
 
 
 def entropy_bound_accept(logits: torch.Tensor, entropy_bound: float,
@@ -67,8 +101,32 @@ def entropy_bound_accept(logits: torch.Tensor, entropy_bound: float,
     return torch.scatter(torch.zeros_like(selected), dim=-1, index=order, src=selected)
 
 
-def random_canvas(batch_size: int, canvas_length: int, vocab_size: int, device) -> torch.Tensor:
-    return torch.randint(low=0, high=vocab_size, size=(batch_size, canvas_length), device=device)
+def random_canvas(batch_size: int, canvas_length: int, vocab_size: int, device,
+                  generators: Sequence[torch.Generator | None] | None = None,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Uniform noise tokens. With ``generators`` (one per row) each row draws from its own
+    generator, and only the rows in ``rows`` (bool ``[B]``) draw at all (the others get 0): a row's
+    draws then do not depend on which other rows share its batch."""
+    if generators is None:
+        return torch.randint(low=0, high=vocab_size, size=(batch_size, canvas_length), device=device)
+    out = torch.zeros((batch_size, canvas_length), dtype=torch.long, device=device)
+    for b, g in enumerate(generators):
+        if rows is None or bool(rows[b]):
+            out[b] = torch.randint(low=0, high=vocab_size, size=(canvas_length,), device=device, generator=g)
+    return out
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filtering on ``[N, V]`` logits: keep the smallest set of tokens whose probability
+    reaches ``top_p`` (always at least the most likely one); the rest become ``-inf``."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1, dtype=torch.float32)
+    drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p   # mass strictly before this token
+    drop[..., 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
 def sample_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -76,6 +134,36 @@ def sample_tokens(logits: torch.Tensor) -> torch.Tensor:
     B, L, V = logits.shape
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     return torch.multinomial(probs.view(-1, V), num_samples=1).squeeze(-1).view(B, L)
+
+
+def sample_rows(logits: torch.Tensor, *, fill: torch.Tensor, where: torch.Tensor,
+                generators: Sequence[torch.Generator | None], scale: float = 1.0, top_p: float = 1.0,
+                greedy: bool = False) -> torch.Tensor:
+    """Draws tokens only at the positions ``where`` (bool ``[B, L]``), each row from its own
+    generator; elsewhere the result is ``fill``. ``scale`` divides the logits (the user
+    temperature on top of the schedule), ``top_p`` filters them, ``greedy`` takes the argmax.
+    Positions with no finite logit draw nothing (they keep ``fill``): never NaN."""
+    out = fill.clone()
+    B = logits.shape[0]
+    for b in range(B):
+        idx = torch.nonzero(where[b], as_tuple=True)[0]
+        if idx.numel() == 0:
+            continue
+        rows = logits[b, idx]
+        live = ~torch.isneginf(rows.amax(dim=-1))
+        if not bool(live.all()):
+            idx, rows = idx[live], rows[live]
+            if idx.numel() == 0:
+                continue
+        if greedy:
+            out[b, idx] = rows.argmax(dim=-1)
+            continue
+        if scale != 1.0:
+            rows = rows / scale
+        rows = top_p_filter(rows, top_p)
+        probs = torch.softmax(rows, dim=-1, dtype=torch.float32)
+        out[b, idx] = torch.multinomial(probs, num_samples=1, generator=generators[b]).squeeze(-1)
+    return out
 
 
 class StableAndConfident:

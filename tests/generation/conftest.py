@@ -8,3 +8,6 @@ def tiny_runtime():
     """A random-weight DiffusionGemma with a small byte-level BPE: the worst case for validity,
     since the model knows nothing and every structure must come from the constraint layer."""
     return build_tiny_runtime(max_denoising_steps=8, corpus_size=300)
+
+
+from dgemma_struct.testing import embedded_runtime  # noqa: E402,F401  (a session-scoped fixture)

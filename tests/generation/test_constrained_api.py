@@ -119,14 +119,16 @@ def _flaky_model(reject_first: int):
 
 def test_repair_fires_and_is_counted(tiny_runtime):
     Flaky, calls = _flaky_model(reject_first=1)
-    res = generate_json("x", Flaky, runtime=tiny_runtime, max_new_tokens=96, max_repairs=2, return_details=True)
+    res = generate_json("x", Flaky, runtime=tiny_runtime, max_new_tokens=96, max_repairs=2, return_details=True,
+                        repair_junk=False)  # only the validator's failure triggers a repair here
     assert isinstance(res.value, Flaky)
     assert res.stats.repairs == 1 and not res.stats.fallback and calls["n"] == 2
 
 
 def test_fallback_fires_after_repairs_run_out(tiny_runtime):
     Flaky, calls = _flaky_model(reject_first=3)
-    res = generate_json("x", Flaky, runtime=tiny_runtime, max_new_tokens=96, max_repairs=2, return_details=True)
+    res = generate_json("x", Flaky, runtime=tiny_runtime, max_new_tokens=96, max_repairs=2, return_details=True,
+                        repair_junk=False)
     assert isinstance(res.value, Flaky)
     assert res.stats.fallback and res.stats.repairs == 2 and calls["n"] == 4
 
