@@ -75,7 +75,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     config = ServerConfig.from_env(host=args.host, port=args.port, model=args.model, api_key=args.api_key,
                                    max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                                    max_queue=args.max_queue, request_timeout_s=args.timeout,
-                                   max_tokens_cap=args.max_tokens_cap)
+                                   max_tokens_cap=args.max_tokens_cap, queue_timeout_s=args.queue_timeout,
+                                   compile_timeout_s=args.compile_timeout,
+                                   max_concurrent_compiles=args.compile_workers,
+                                   isolate_compiles=False if args.no_compile_isolation else None,
+                                   header_timeout_s=args.header_timeout, timeout_keep_alive_s=args.keep_alive,
+                                   max_connections=args.max_connections, limit_concurrency=args.limit_concurrency,
+                                   stream_live=True if args.stream_live else None)
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         print(f"warning: serving on {config.host} without --api-key", file=sys.stderr)
     try:
@@ -124,6 +130,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-queue", type=int, default=None, help="waiting requests before 429 (default 64)")
     p.add_argument("--timeout", type=float, default=None, help="per-request timeout in seconds (default 60)")
     p.add_argument("--max-tokens-cap", type=int, default=None, help="largest max_tokens accepted (default 1024)")
+    p.add_argument("--queue-timeout", type=float, default=None,
+                   help="longest wait in the queue before a 504, seconds (default: --timeout)")
+    p.add_argument("--compile-timeout", type=float, default=None, help="constraint compile limit, seconds (default 10)")
+    p.add_argument("--compile-workers", type=int, default=None, help="compile worker processes (default 2)")
+    p.add_argument("--no-compile-isolation", action="store_true",
+                   help="compile in the serving process (a native crash then kills the server)")
+    p.add_argument("--header-timeout", type=float, default=None,
+                   help="a request's headers and body must arrive within this many seconds (default 10)")
+    p.add_argument("--keep-alive", type=float, default=None, help="idle keep-alive timeout, seconds (default 5)")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="connections held at once; beyond, the oldest idle ones are closed (default 1000)")
+    p.add_argument("--limit-concurrency", type=int, default=None,
+                   help="uvicorn's limit: 503 beyond this many connections + tasks (default: none)")
+    p.add_argument("--stream-live", action="store_true",
+                   help="stream canvases as they commit (a repair may then end a stream in stream_diverged)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_cmd_serve)
 

@@ -8,6 +8,7 @@ import time
 import uvicorn
 
 from dgemma_struct.server import ServerConfig, create_app
+from dgemma_struct.server.connections import uvicorn_config
 
 
 @contextlib.contextmanager
@@ -15,7 +16,7 @@ def running_server(runtime, **config):
     """Start the app with uvicorn on 127.0.0.1:<free port>; yields the base URL."""
     cfg = ServerConfig(**config)
     app = create_app(runtime, cfg)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, cfg, log_level="warning", port=0))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     t0 = time.monotonic()

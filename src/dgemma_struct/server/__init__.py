@@ -20,7 +20,10 @@ def serve(config: ServerConfig | None = None, runtime=None, *, log_level: str = 
     fails before the port opens)."""
     import uvicorn
 
+    from .connections import raise_fd_limit, uvicorn_config
+
     config = config or ServerConfig.from_env()
     if runtime is None:
         runtime = load_runtime(config.model)
-    uvicorn.run(create_app(runtime, config), host=config.host, port=config.port, log_level=log_level)
+    raise_fd_limit()
+    uvicorn.Server(uvicorn_config(create_app(runtime, config), config, log_level=log_level)).run()

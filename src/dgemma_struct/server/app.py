@@ -10,27 +10,33 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import os
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dgemma_struct.api import constraint_for
-from dgemma_struct.errors import DgemmaStructError, GenerationTimeout, ModelLoadError
+from dgemma_struct.errors import (ConstraintCompileTimeout, DgemmaStructError, GenerationTimeout, LengthError,
+                                  ModelLoadError)
 from dgemma_struct.runtime import DiffusionRuntime
 
 from .batcher import Batcher, QueueFull, ShuttingDown
-from .errors import APIError, api_error_for, error_body
-from .protocol import ChatCompletionRequest, CompletionRequest, prompt_of_messages, spec_of
+from .compile_pool import CompilePool
+from .errors import APIError, api_error_for, error_body, safe_json_bytes
+from .protocol import (ChatCompletionRequest, CompletionRequest, apply_stop, check_text, prompt_of_messages,
+                       spec_of, stops_of)
 
 
 @dataclass
@@ -53,6 +59,18 @@ class ServerConfig:
     max_concurrent_compiles: int = 2
     max_repairs: int = 2
     max_prompts_per_request: int = 16
+    max_n: int = 8                        # the largest ``n`` (choices per prompt)
+    queue_timeout_s: float | None = None  # longest wait in the queue (default: request_timeout_s)
+    isolate_compiles: bool = True         # probe-compile user constraints in worker processes first
+    compile_memory_mb: int = 4096         # address space a compile worker may add (0 = no cap)
+    stream_live: bool = False             # stream canvases as they commit (may end in stream_diverged)
+    max_error_chars: int = 1000           # error messages are cut to this length
+    # connections (uvicorn)
+    header_timeout_s: float = 10.0        # a request's headers and body must arrive within this
+    timeout_keep_alive_s: float = 5.0     # idle keep-alive connections are closed after this
+    max_connections: int = 1000           # beyond this, the oldest idle connections are closed
+    limit_concurrency: int | None = None  # uvicorn: 503 beyond this many connections + tasks
+    h11_max_incomplete_event_size: int = 64 * 1024   # largest request line + headers
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "ServerConfig":
@@ -82,23 +100,67 @@ class ServerState:
         self.model_id = config.served_model_name or runtime.name
         self.created = int(time.time())
         self.batcher = Batcher(runtime, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
-                               max_queue=config.max_queue, max_repairs=config.max_repairs)
+                               max_queue=config.max_queue, max_repairs=config.max_repairs,
+                               queue_timeout_s=config.queue_timeout_s)
         self.compile_sem = asyncio.Semaphore(config.max_concurrent_compiles)
+        # compiles never share an executor with anything else (prompts, generation)
+        self.compile_executor = ThreadPoolExecutor(max_workers=config.max_concurrent_compiles,
+                                                   thread_name_prefix="dgemma-struct-compile")
+        self.pool = (CompilePool(config.max_concurrent_compiles, memory_mb=config.compile_memory_mb or None)
+                     if config.isolate_compiles else None)
+
+    def start(self) -> None:
+        self.batcher.start()
+        if self.pool is not None:   # start one compile worker in the background
+            threading.Thread(target=self._warm, daemon=True, name="dgemma-struct-compile-warm").start()
+
+    def _warm(self) -> None:
+        try:
+            self.pool.warm()
+        except Exception:  # noqa: BLE001 - the first compile starts one instead
+            pass
+
+    def stop(self) -> None:
+        self.batcher.stop()
+        if self.pool is not None:
+            self.pool.close()
+        self.compile_executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ request handling
+    def _compile_blocking(self, spec: Any) -> Any:
+        if self.pool is not None:
+            rt = self.runtime
+            self.pool.probe(spec, rt.tokenizer, stop_token_ids=list(rt.eos_token_ids),
+                            vocab_size=rt.model.config.text_config.vocab_size,
+                            timeout_s=self.config.compile_timeout_s)
+        return constraint_for(spec, self.runtime)
+
     async def compile(self, spec: Any, param: str | None) -> Any:
+        """Compile a request's constraint: first in a worker process (a crash or runaway compile
+        there is a typed 400), then in-process for generation (cached)."""
         if spec is None:
             return None
+        loop = asyncio.get_running_loop()
+        limit = self.config.compile_timeout_s
         async with self.compile_sem:
             try:
-                return await asyncio.wait_for(asyncio.to_thread(constraint_for, spec, self.runtime),
-                                              self.config.compile_timeout_s)
+                # the probe enforces the compile timeout itself (it kills the worker); the margin
+                # here covers starting a worker and the in-process compile after the probe
+                margin = (self.pool.start_timeout_s + limit) if self.pool is not None else 0.0
+                return await asyncio.wait_for(loop.run_in_executor(self.compile_executor,
+                                                                   functools.partial(self._compile_blocking, spec)),
+                                              limit + margin)
             except asyncio.TimeoutError:
-                raise APIError(400, f"compiling the constraint took longer than {self.config.compile_timeout_s:g} s",
-                               param=param, code="constraint_too_complex") from None
+                raise APIError(400, f"compiling the constraint took longer than {limit:g} s", param=param,
+                               code="constraint_too_complex") from None
             except DgemmaStructError as err:
                 raise api_error_for(err, param=param) from None
-            except Exception as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
+            except RecursionError:
+                raise APIError(400, "the constraint is nested too deeply", param=param,
+                               code="constraint_too_complex") from None
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
                 raise APIError(400, f"cannot compile the constraint: {type(err).__name__}: {err}", param=param,
                                code="invalid_constraint") from None
 
@@ -106,8 +168,9 @@ class ServerState:
         if req.model not in (None, "", self.model_id):
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {self.model_id!r}",
                            param="model", code="model_not_found")
-        if (req.n or 1) != 1:
-            raise APIError(400, "only n=1 is supported", param="n", code="unsupported_parameter")
+        if (req.n or 1) > self.config.max_n:
+            raise APIError(400, f"n={req.n} exceeds this server's limit of {self.config.max_n}", param="n",
+                           code="n_too_large")
         if getattr(req, "tools", None):
             raise APIError(400, "tools are not supported; use response_format or structured_outputs",
                            param="tools", code="unsupported_parameter")
@@ -125,45 +188,156 @@ class ServerState:
         except DgemmaStructError as err:
             raise api_error_for(err) from None
 
-    async def run(self, req: Any, prompts: list[Any], *, chat: bool) -> Any:
+    def count_tokens(self, text: str) -> int:
+        if not text:
+            return 0
+        try:
+            return len(self.runtime.tokenizer(text, add_special_tokens=False)["input_ids"])
+        except Exception:  # noqa: BLE001 - a count is not worth failing a request for
+            return 0
+
+    def _choice(self, r: Any, stops: list[str]) -> tuple[str, str, int, Any]:
+        """(text, finish_reason, completion tokens, stats dict) of one generated row."""
+        if isinstance(r, LengthError):
+            # as OpenAI: a constrained answer that cannot complete within max_tokens is a 200 with
+            # finish_reason "length" and the text so far (never a value claimed to be complete)
+            text = r.partial_text or ""
+            stats = r.stats.to_dict() if hasattr(r.stats, "to_dict") else None
+            return text, "length", self.count_tokens(text), stats
+        text, finish, n = r.text, r.stats.finish_reason or "stop", len(r.token_ids)
+        if stops:
+            cut = apply_stop(text, stops)
+            if cut is not None:
+                text, finish, n = cut, "stop", self.count_tokens(cut)
+        if finish not in ("stop", "length"):
+            finish = "stop"
+        return text, finish, n, r.stats.to_dict()
+
+    async def _gather(self, coros: list[Any], request: Request | None, param: str | None) -> list[Any]:
+        """Runs the rows; a client that disconnects cancels them (their rows leave the batch)."""
+        work = asyncio.ensure_future(asyncio.gather(*coros, return_exceptions=True))
+        watcher = asyncio.ensure_future(_wait_disconnect(request)) if request is not None else None
+        try:
+            if watcher is not None:
+                await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if not work.done():
+                    raise _ClientGone
+            results = await work
+        except BaseException:
+            work.cancel()
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, LengthError):
+                if isinstance(r, asyncio.CancelledError):
+                    raise r
+                raise _http_error(r, param)
+        return results
+
+    async def run(self, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None) -> Any:
         max_tokens = self.check(req)
+        n = req.n or 1
+        for p in prompts:
+            check_text(p, "messages" if chat else "prompt")
         spec, param = spec_of(req)
+        stops = stops_of(req) if spec is None else []   # a constraint decides where its output ends
         constraint = await self.compile(spec, param)
         n_prompt = await asyncio.to_thread(lambda: [self.prompt_tokens(p) for p in prompts])
-        seed = 0 if req.seed is None else int(req.seed) % (2 ** 63)
+        seed = None if req.seed is None else int(req.seed) % (2 ** 63)
+        sampling = {"temperature": req.temperature, "top_p": req.top_p}
         timeout = self.config.request_timeout_s
-        if req.stream:
-            if len(prompts) != 1:
-                raise APIError(400, "streaming takes one prompt", param="prompt", code="unsupported_parameter")
-            return await self.stream(req, prompts[0], constraint, max_tokens, seed, n_prompt[0], chat=chat)
+        if req.stream and self.config.stream_live:
+            if len(prompts) != 1 or n != 1:
+                raise APIError(400, "live streaming takes one prompt and n=1", param="n",
+                               code="unsupported_parameter")
+            return await self.stream_live(req, prompts[0], constraint, max_tokens, seed, n_prompt[0], stops,
+                                          sampling, chat=chat)
+        coros = [self.batcher.submit(p, constraint, max_new_tokens=max_tokens,
+                                     seed=None if seed is None else (seed + j) % (2 ** 63), timeout_s=timeout,
+                                     **sampling)
+                 for p in prompts for j in range(n)]
         try:
-            results = await asyncio.gather(*[self.batcher.submit(p, constraint, max_new_tokens=max_tokens, seed=seed,
-                                                                 timeout_s=timeout) for p in prompts])
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # noqa: BLE001 - mapped to an OpenAI error response
-            raise _http_error(err, param) from None
+            results = await self._gather(coros, request, param)
+        except _ClientGone:
+            return Response(status_code=499)
+        rows = [self._choice(r, stops) for r in results]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        prompt_total = sum(n_prompt) * n
+        completion = sum(r[2] for r in rows)
+        if req.stream:
+            return self.stream_validated(req, rid, rows, prompt_total, chat=chat)
         choices = []
-        for i, r in enumerate(results):
+        for i, (text, finish, _, _) in enumerate(rows):
             if chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": r.text, "refusal": None},
-                                "logprobs": None, "finish_reason": r.stats.finish_reason or "stop"})
+                choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
+                                "logprobs": None, "finish_reason": finish})
             else:
-                choices.append({"index": i, "text": r.text, "logprobs": None,
-                                "finish_reason": r.stats.finish_reason or "stop"})
-        completion = sum(len(r.token_ids) for r in results)
+                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish})
+        stats = [r[3] for r in rows]
         body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.model_id, "choices": choices, "system_fingerprint": None,
-                "usage": {"prompt_tokens": sum(n_prompt), "completion_tokens": completion,
-                          "total_tokens": sum(n_prompt) + completion},
-                "dgemma_stats": [r.stats.to_dict() for r in results] if len(results) > 1 else results[0].stats.to_dict()}
-        return JSONResponse(body)
+                "usage": {"prompt_tokens": prompt_total, "completion_tokens": completion,
+                          "total_tokens": prompt_total + completion},
+                "dgemma_stats": stats if len(stats) > 1 else stats[0]}
+        return _json(body)
 
-    async def stream(self, req: Any, prompt: Any, constraint: Any, max_tokens: int, seed: int, n_prompt: int, *,
-                     chat: bool) -> StreamingResponse:
+    def _chunker(self, rid: str, chat: bool):
+        created = int(time.time())
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(text: str | None, finish: str | None, *, index: int = 0, role: bool = False,
+                  extra: dict | None = None) -> str:
+            if chat:
+                delta: dict[str, Any] = {}
+                if role:
+                    delta["role"] = "assistant"
+                if text is not None:
+                    delta["content"] = text
+                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+            body = {"id": rid, "object": obj, "created": created, "model": self.model_id, "choices": [choice]}
+            if extra:
+                body.update(extra)
+            return "data: " + _dumps(body) + "\n\n"
+
+        def usage(prompt: int, completion: int) -> str:
+            return "data: " + _dumps({"id": rid, "object": obj, "created": created, "model": self.model_id,
+                                      "choices": [], "usage": {"prompt_tokens": prompt,
+                                                               "completion_tokens": completion,
+                                                               "total_tokens": prompt + completion}}) + "\n\n"
+        return chunk, usage
+
+    def stream_validated(self, req: Any, rid: str, rows: list[tuple], n_prompt: int, *,
+                         chat: bool) -> StreamingResponse:
+        """The default stream: the rows ran (and were validated and repaired) exactly as without
+        streaming, then their text goes out as deltas. A stream therefore never diverges from
+        what was sent, and every failure is a plain HTTP error before the stream starts."""
+        chunk, usage = self._chunker(rid, chat)
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
+
+        async def sse() -> AsyncIterator[str]:
+            for i, (text, finish, _, _) in enumerate(rows):
+                if chat:
+                    yield chunk("", None, index=i, role=True)
+                for k in range(0, len(text), _DELTA_CHARS):
+                    yield chunk(text[k:k + _DELTA_CHARS], None, index=i)
+                yield chunk(None if chat else "", finish, index=i)
+            if include_usage:
+                yield usage(n_prompt, sum(r[2] for r in rows))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def stream_live(self, req: Any, prompt: Any, constraint: Any, max_tokens: int, seed: int | None,
+                          n_prompt: int, stops: list[str], sampling: dict, *, chat: bool) -> StreamingResponse:
+        """``stream_live``: committed canvases go out as they are produced. A repair may rewrite
+        text already sent; the stream then ends with a 422 ``stream_diverged`` error event."""
         events = self.batcher.stream(prompt, constraint, max_new_tokens=max_tokens, seed=seed,
-                                     timeout_s=self.config.request_timeout_s)
+                                     timeout_s=self.config.request_timeout_s, **sampling)
         try:
             first = await events.__anext__()   # errors before the first canvas are plain HTTP errors
         except StopAsyncIteration:
@@ -171,28 +345,16 @@ class ServerState:
         except asyncio.CancelledError:
             await events.aclose()
             raise
+        except LengthError as err:
+            await events.aclose()
+            first = err
         except Exception as err:  # noqa: BLE001
             await events.aclose()
             raise _http_error(err, None) from None
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-        obj = "chat.completion.chunk" if chat else "text_completion"
+        chunk, usage = self._chunker(rid, chat)
         include_usage = bool((req.stream_options or {}).get("include_usage"))
-
-        def chunk(text: str | None, finish: str | None, *, role: bool = False, extra: dict | None = None) -> str:
-            if chat:
-                delta: dict[str, Any] = {}
-                if role:
-                    delta["role"] = "assistant"
-                if text is not None:
-                    delta["content"] = text
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-            body = {"id": rid, "object": obj, "created": created, "model": self.model_id, "choices": [choice]}
-            if extra:
-                body.update(extra)
-            return "data: " + json.dumps(body) + "\n\n"
+        hold = max((len(s) for s in stops), default=1) - 1   # a stop may straddle two canvases
 
         async def sse() -> AsyncIterator[str]:
             sent = ""
@@ -202,31 +364,44 @@ class ServerState:
                     yield chunk("", None, role=True)
                 ev = first
                 while ev is not None:
-                    if not ev.done:
-                        canvases += 1
-                        if ev.text.startswith(sent) and len(ev.text) > len(sent):
-                            yield chunk(ev.text[len(sent):], None)
-                            sent = ev.text
-                    else:
-                        if not ev.text.startswith(sent):
-                            raise APIError(500, "the validated output differs from the streamed prefix (a repair "
-                                                "rewrote it); retry without streaming", type="server_error",
-                                           code="stream_diverged")
-                        if len(ev.text) > len(sent):
-                            yield chunk(ev.text[len(sent):], None)
-                        completion = len(ev.token_ids)
-                        yield chunk(None if chat else "", "stop", extra={"dgemma_stats": {"canvases": canvases}})
+                    if isinstance(ev, LengthError):
+                        text = ev.partial_text or ""
+                        if text.startswith(sent) and len(text) > len(sent):
+                            yield chunk(text[len(sent):], None)
+                        yield chunk(None if chat else "", "length")
                         if include_usage:
-                            yield "data: " + json.dumps({
-                                "id": rid, "object": obj, "created": created, "model": self.model_id, "choices": [],
-                                "usage": {"prompt_tokens": n_prompt, "completion_tokens": completion,
-                                          "total_tokens": n_prompt + completion}}) + "\n\n"
+                            yield usage(n_prompt, self.count_tokens(text))
+                        yield "data: [DONE]\n\n"
+                        return
+                    cut = apply_stop(ev.text, stops) if stops else None
+                    if not ev.done and cut is None:
+                        canvases += 1
+                        safe = ev.text[:len(ev.text) - hold] if stops and hold else ev.text
+                        if safe.startswith(sent) and len(safe) > len(sent):
+                            yield chunk(safe[len(sent):], None)
+                            sent = safe
+                    else:
+                        text = cut if cut is not None else ev.text
+                        if not text.startswith(sent):
+                            raise APIError(422, "a repair rewrote text already streamed; retry without "
+                                                "stream_live (the default stream never diverges)",
+                                           type="generation_error", code="stream_diverged")
+                        if len(text) > len(sent):
+                            yield chunk(text[len(sent):], None)
+                        finish = "stop" if cut is not None else (getattr(ev, "finish_reason", None) or "stop")
+                        completion = self.count_tokens(text) if cut is not None else len(ev.token_ids)
+                        yield chunk(None if chat else "", finish if finish in ("stop", "length") else "stop",
+                                    extra={"dgemma_stats": {"canvases": canvases}})
+                        if include_usage:
+                            yield usage(n_prompt, completion)
                         yield "data: [DONE]\n\n"
                         return
                     try:
                         ev = await events.__anext__()
                     except StopAsyncIteration:
                         ev = None
+                    except LengthError as err:
+                        ev = err
                 raise APIError(500, "the stream ended without a validated output", type="server_error",
                                code="stream_incomplete")
             except (asyncio.CancelledError, GeneratorExit):
@@ -235,12 +410,35 @@ class ServerState:
                 e = _http_error(err, None)
                 body = e.body()
                 body["error"]["status"] = e.status
-                yield "data: " + json.dumps(body) + "\n\n"
+                yield "data: " + _dumps(body) + "\n\n"
             finally:
                 await events.aclose()
 
         return StreamingResponse(sse(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+_DELTA_CHARS = 16
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client of ``request`` (whose body was read) disconnects."""
+    while True:
+        msg = await request.receive()
+        if msg.get("type") == "http.disconnect":
+            return
+
+
+def _dumps(body: Any) -> str:
+    return json.dumps(body)   # ASCII escapes: a lone surrogate in a message cannot break the encoding
+
+
+def _json(body: Any, status: int = 200, headers: dict | None = None) -> Response:
+    return Response(safe_json_bytes(body), status_code=status, media_type="application/json", headers=headers)
 
 
 def _http_error(err: BaseException, param: str | None) -> APIError:
@@ -261,7 +459,7 @@ class _Guard:
         self.config = config
 
     async def _send_error(self, send: Any, status: int, body: dict, headers: list | None = None) -> None:
-        data = json.dumps(body).encode()
+        data = safe_json_bytes(body)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode())] + (headers or [])})
@@ -271,7 +469,7 @@ class _Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        if self.config.api_key and path.startswith("/v1"):
+        if self.config.api_key and path != "/health":   # /docs and /openapi.json too
             auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), self.config.api_key.encode()):
@@ -323,13 +521,13 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
     async def lifespan(app: FastAPI):
         rt = runtime if runtime is not None else await asyncio.to_thread(load_runtime, config.model)
         state = ServerState(rt, config)
-        state.batcher.start()
+        state.start()
         holder["state"] = state
         app.state.dgemma = state
         try:
             yield
         finally:
-            state.batcher.stop()
+            state.stop()
 
     app = FastAPI(title="dgemma-struct", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible structured generation with DiffusionGemma models")
@@ -341,7 +539,7 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return _json(exc.body(), exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -351,39 +549,38 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
         where = ".".join(loc)
         msg = first.get("msg", "invalid request body")
         more = f" (and {len(errs) - 1} more problem(s))" if len(errs) > 1 else ""
-        return JSONResponse(error_body(400, f"invalid request: {where + ': ' if where else ''}{msg}{more}",
-                                       param=where or None, code="invalid_request_body"), status_code=400)
+        return _json(error_body(400, f"invalid request: {where + ': ' if where else ''}{msg}{more}",
+                                param=where or None, code="invalid_request_body"), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         typ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(error_body(exc.status_code, str(exc.detail), type=typ, code=code),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return _json(error_body(exc.status_code, str(exc.detail), type=typ), exc.status_code,
+                     headers=getattr(exc, "headers", None))
 
     @app.exception_handler(DgemmaStructError)
     async def _typed(request: Request, exc: DgemmaStructError):
         e = _http_error(exc, None)
-        return JSONResponse(e.body(), status_code=e.status)
+        return _json(e.body(), e.status)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}", type="server_error",
-                                       code="internal_error"), status_code=500)
+        return _json(error_body(500, f"internal error: {type(exc).__name__}", type="server_error",
+                                code="internal_error"), 500)
 
     @app.post("/v1/chat/completions", summary="Chat completion with an optional output constraint")
-    async def chat_completions(body: ChatCompletionRequest):
-        return await state().run(body, [prompt_of_messages(body.messages)], chat=True)
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await state().run(body, [prompt_of_messages(body.messages)], chat=True, request=request)
 
     @app.post("/v1/completions", summary="Text completion (the prompt is sent as one user message)")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
         if not prompts:
             raise APIError(400, "prompt must not be empty", param="prompt", code="invalid_request")
         if len(prompts) > config.max_prompts_per_request:
             raise APIError(400, f"at most {config.max_prompts_per_request} prompts per request", param="prompt",
                            code="too_many_prompts")
-        return await state().run(body, prompts, chat=False)
+        return await state().run(body, prompts, chat=False, request=request)
 
     @app.get("/v1/models")
     async def models():
@@ -405,7 +602,8 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
         s = holder["state"]
         ok = s.batcher.alive
         return JSONResponse({"status": "ok" if ok else "worker_down", "model": s.model_id,
-                             "queue_depth": s.batcher.queue_depth, **s.batcher.counters},
+                             "queue_depth": s.batcher.queue_depth, **s.batcher.counters,
+                             "compile_workers": dict(s.pool.counters) if s.pool is not None else None},
                             status_code=200 if ok else 503)
 
     app.add_middleware(_Guard, config=config)

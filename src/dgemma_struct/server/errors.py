@@ -6,22 +6,54 @@ Every error the server sends has the shape OpenAI's API uses::
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from dgemma_struct import errors as E
 
+from .compile_pool import CompileCrashed
+
+MAX_MESSAGE_CHARS = 1000
+
+_DEFAULT_CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidden", 404: "not_found",
+                  405: "method_not_allowed", 408: "request_timeout", 413: "request_too_large",
+                  415: "unsupported_media_type", 422: "generation_failed", 429: "rate_limited",
+                  500: "internal_error", 503: "unavailable", 504: "timeout"}
+
+
+def default_code(status: int) -> str:
+    """The ``code`` of an error that has no more precise one (a ``code`` is never null)."""
+    return _DEFAULT_CODES.get(status, "server_error" if status >= 500 else "invalid_request")
+
+
+def bounded(message: str, limit: int | None = None) -> str:
+    """``message`` cut to ``limit`` characters (a 100 KB grammar is never echoed back)."""
+    limit = MAX_MESSAGE_CHARS if limit is None else limit
+    message = str(message)
+    if len(message) <= limit:
+        return message
+    return message[:limit] + f"... ({len(message) - limit} more characters)"
+
+
+def safe_json_bytes(body: Any) -> bytes:
+    """JSON bytes of ``body``; lone surrogates in strings (from user input) are escaped, never an
+    encoding error."""
+    return json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
 
 class APIError(Exception):
-    """An error response: HTTP ``status`` plus the OpenAI error fields."""
+    """An error response: HTTP ``status`` plus the OpenAI error fields. ``code`` defaults to a
+    generic code for the status; the message is bounded."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None):
+        message = bounded(message)
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
         self.param = param
-        self.code = code
+        self.code = code or default_code(status)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -41,6 +73,8 @@ _TABLE: list[tuple[type, int, str, str]] = [
     (E.GrammarError, 400, "invalid_request_error", "invalid_grammar"),
     (E.ChoiceError, 400, "invalid_request_error", "invalid_choice"),
     (E.ConstraintError, 400, "invalid_request_error", "invalid_constraint"),
+    (CompileCrashed, 400, "invalid_request_error", "constraint_engine_crash"),
+    (E.ConstraintEngineError, 400, "invalid_request_error", "constraint_engine_error"),
     (E.PromptTooLongError, 400, "invalid_request_error", "context_length_exceeded"),
     (E.InvalidRequestError, 400, "invalid_request_error", "invalid_request"),
     (E.LengthError, 422, "generation_error", "length_exceeded"),
@@ -57,9 +91,12 @@ def api_error_for(err: BaseException, *, param: str | None = None) -> APIError:
         return err
     for cls, status, typ, code in _TABLE:
         if isinstance(err, cls):
-            p = param if isinstance(err, E.ConstraintError) else (
+            p = param if isinstance(err, (E.ConstraintError, E.ConstraintEngineError)) else (
                 "max_tokens" if isinstance(err, (E.LengthError, E.PromptTooLongError)) else None)
-            return APIError(status, str(err) or cls.__name__, type=typ, param=p, code=code)
+            message = str(err) or cls.__name__
+            if isinstance(err, (E.LengthError, E.PromptTooLongError)):   # the server's name for the budget
+                message = message.replace("max_new_tokens", "max_tokens")
+            return APIError(status, message, type=typ, param=p, code=code)
     if isinstance(err, E.DgemmaStructError):
         return APIError(400, str(err), code="invalid_request")
     return APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error", code="internal_error")

@@ -1,6 +1,7 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic models; unknown OpenAI fields are
 accepted and ignored) and the translation of ``response_format`` / vLLM-style
-``structured_outputs`` / ``guided_*`` fields into a dgemma-struct spec."""
+``structured_outputs`` / ``guided_*`` fields into a dgemma-struct spec. Grammars are Lark, or
+GBNF/EBNF (``root ::= ...``, converted with llguidance's ``gbnf_to_lark``)."""
 from __future__ import annotations
 
 import json
@@ -63,6 +64,7 @@ class _Common(_Open):
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
     n: Optional[int] = Field(default=1, ge=1)
+    stop: Optional[Union[str, list[str]]] = None
     stream: Optional[bool] = False
     stream_options: Optional[dict[str, Any]] = None
     user: Optional[str] = None
@@ -84,20 +86,98 @@ def _schema_arg(value: Any, param: str) -> Any:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:
             raise APIError(400, f"{param} is not valid JSON: {err}", param=param, code="invalid_schema") from None
     if value is True:
         return {}
     if not isinstance(value, dict):
         raise APIError(400, f"{param} must be a JSON Schema object", param=param, code="invalid_schema")
+    if not _depth_ok(value, MAX_SPEC_DEPTH):
+        raise APIError(400, f"{param} nests more than {MAX_SPEC_DEPTH} levels deep", param=param,
+                       code="constraint_too_complex")
+    check_text(value, param)
     return value
 
 
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+MAX_SPEC_DEPTH = 64
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    """True when ``value`` nests at most ``limit`` containers deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            items = v.values()
+        elif isinstance(v, list):
+            items = v
+        else:
+            continue
+        if d > limit:
+            return False
+        stack.extend((x, d + 1) for x in items)
+    return True
+
+
+def check_text(value: Any, param: str) -> None:
+    """Every string in a prompt must be valid Unicode (a lone surrogate cannot be encoded)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise APIError(400, f"{param} holds text that is not valid Unicode (a lone surrogate at "
+                                    f"position {err.start})", param=param, code="invalid_unicode") from None
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
+def _is_gbnf(text: str) -> bool:
+    return "::=" in text
+
+
 def _grammar(text: str, param: str) -> Grammar:
+    check_text(text, param)
     if "\n" not in text and text.strip().endswith(".lark"):
         raise APIError(400, f"{param}: the server takes grammar text or a built-in grammar name, not a file path",
                        param=param, code="invalid_grammar")
+    if _is_gbnf(text):
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+
+        try:
+            text = gbnf_to_lark(text)
+        except Exception as err:  # noqa: BLE001 - GbnfToLarkError and friends: the message has the line
+            raise APIError(400, f"{param}: invalid GBNF grammar: {err}", param=param,
+                           code="invalid_grammar") from None
     return Grammar(text)
+
+
+def stops_of(req: "_Common") -> list[str]:
+    """The request's stop sequences (``stop``: a string or a list)."""
+    stop = req.stop
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > MAX_STOPS:
+        raise APIError(400, f"at most {MAX_STOPS} stop sequences", param="stop", code="invalid_stop")
+    for s in stops:
+        if not s or len(s) > MAX_STOP_CHARS:
+            raise APIError(400, f"a stop sequence must be 1 to {MAX_STOP_CHARS} characters", param="stop",
+                           code="invalid_stop")
+    check_text(stops, "stop")
+    return stops
+
+
+def apply_stop(text: str, stops: list[str]) -> str | None:
+    """``text`` cut before the earliest stop sequence, or ``None`` when none occurs."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return None if cut < 0 else text[:cut]
 
 
 def spec_of(req: _Common) -> tuple[Any, str | None]:
@@ -107,7 +187,16 @@ def spec_of(req: _Common) -> tuple[Any, str | None]:
     rf = req.response_format
     if rf is not None and rf.type != "text":
         if rf.type == "json_object":
-            found.append(({"type": "object"}, "response_format"))
+            # instructor and others send {"type": "json_object", "schema": {...}}: enforce that schema
+            extra = rf.model_extra or {}
+            given = extra.get("schema", extra.get("json_schema"))
+            if isinstance(given, dict) and "schema" in given and isinstance(given.get("schema"), dict) \
+                    and "type" not in given:
+                given = given["schema"]
+            if given is not None:
+                found.append((_schema_arg(given, "response_format.schema"), "response_format"))
+            else:
+                found.append(({"type": "object"}, "response_format"))
         else:
             if rf.json_schema is None or rf.json_schema.schema_ is None:
                 raise APIError(400, "response_format.json_schema.schema is required for type 'json_schema'",
@@ -128,16 +217,20 @@ def spec_of(req: _Common) -> tuple[Any, str | None]:
         elif k == "json_object":
             found.append(({"type": "object"}, "structured_outputs.json_object"))
         elif k == "regex":
+            check_text(so.regex, "structured_outputs.regex")
             found.append((Regex(so.regex), "structured_outputs.regex"))
         elif k == "grammar":
             found.append((_grammar(so.grammar, "structured_outputs.grammar"), "structured_outputs.grammar"))
         else:
+            check_text(so.choice, "structured_outputs.choice")
             found.append((Choice(list(so.choice)), "structured_outputs.choice"))
     if req.guided_json is not None:
         found.append((_schema_arg(req.guided_json, "guided_json"), "guided_json"))
     if req.guided_regex is not None:
+        check_text(req.guided_regex, "guided_regex")
         found.append((Regex(req.guided_regex), "guided_regex"))
     if req.guided_choice is not None:
+        check_text(req.guided_choice, "guided_choice")
         found.append((Choice(list(req.guided_choice)), "guided_choice"))
     if req.guided_grammar is not None:
         found.append((_grammar(req.guided_grammar, "guided_grammar"), "guided_grammar"))

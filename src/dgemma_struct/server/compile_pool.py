@@ -1,0 +1,320 @@
+"""Compile workers: user constraints are first compiled in a separate process, so that a native
+crash (llguidance segfaults on some inputs) or a compile that never ends cannot take the serving
+process down or hold it up.
+
+* A pool of ``size`` worker processes (fresh interpreters: no fork of a process with live threads), started
+  lazily and restarted when one dies; a worker's start-up time never counts against a compile.
+* :meth:`CompilePool.run` sends one picklable call to an idle worker and waits at most
+  ``timeout_s``. A worker that dies meanwhile is reported as :class:`CompileCrashed` (the signal
+  is in the message); one that runs past the timeout is killed, and the call raises
+  :class:`~dgemma_struct.errors.ConstraintCompileTimeout`. Either way the next call gets a
+  fresh worker.
+* :meth:`CompilePool.probe` compiles a spec there (and walks its first mask); the server then
+  compiles the same spec in-process (a ``Constraint`` is not picklable), which is safe once the
+  probe succeeded. Typed errors raised in the worker come back as the same typed errors.
+* Each worker caps its address space (``memory_mb`` above what it uses after start-up), so a
+  runaway compile fails in the worker instead of swapping the machine.
+
+Example::
+
+    pool = CompilePool(size=2)
+    pool.probe({"type": "object"}, runtime.tokenizer, stop_token_ids=[1], vocab_size=512, timeout_s=10)
+    pool.close()
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+from dgemma_struct import errors as E
+
+__all__ = ["CompilePool", "CompileCrashed", "spec_key"]
+
+_MAX_MESSAGE = 2000
+
+
+class CompileCrashed(E.ConstraintEngineError):
+    """The compile worker died (a native crash) while compiling this constraint."""
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _CallTimeout(Exception):   # not TimeoutError: that one is an OSError
+    pass
+
+
+# ---------------------------------------------------------------------------------------- worker side
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _limit_memory(memory_mb: int | None) -> None:
+    if not memory_mb:
+        return
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            vm_pages = int(f.read().split()[0])
+        import os
+
+        current = vm_pages * os.sysconf("SC_PAGE_SIZE")
+        limit = current + memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (OSError, ValueError, ImportError):  # not Linux: no cap
+        pass
+
+
+def _worker_entry(fd: int, memory_mb: int | None) -> None:
+    """The worker process's main loop (started by :class:`_Worker`)."""
+    _worker_main(Connection(fd), memory_mb)
+
+
+def _worker_main(conn: Any, memory_mb: int | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent's Ctrl-C is the parent's business
+    import dgemma_struct.constraints  # noqa: F401 - import before the memory cap is set
+
+    _limit_memory(memory_mb)
+    conn.send(("ready",))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        fn, args, kwargs, tok = msg
+        if tok is not None and tok[0] not in _TOKENIZERS:
+            _TOKENIZERS[tok[0]] = pickle.loads(tok[1])
+        try:
+            conn.send(("ok", fn(*args, **kwargs)))
+        except BaseException as err:  # noqa: BLE001 - PanicException is a BaseException
+            conn.send(("err", type(err).__module__, type(err).__name__, str(err)[:_MAX_MESSAGE]))
+
+
+def _probe(spec: Any, tok_key: str, stop_token_ids: list[int], vocab_size: int | None, strict: bool,
+           whitespace: str) -> int:
+    """Compile ``spec`` and compute its first masks; returns the number of forced tokens."""
+    from dgemma_struct.constraints import compile_constraint
+
+    c = compile_constraint(spec, _TOKENIZERS[tok_key], strict=strict, whitespace=whitespace,
+                           stop_token_ids=stop_token_ids, vocab_size=vocab_size, use_cache=False)
+    walker = c.canvas_walker()
+    forced = walker.forced_tokens(256)
+    walker.mask()
+    return len(forced)
+
+
+# ---------------------------------------------------------------------------------------- parent side
+class _Worker:
+    """One worker: a fresh interpreter (``python -c``, so the parent's ``__main__`` is never
+    re-imported), talking over a socket pair with ``multiprocessing.connection``."""
+
+    def __init__(self, memory_mb: int | None, start_timeout_s: float):
+        parent, child = socket.socketpair()
+        code = (f"from dgemma_struct.server.compile_pool import _worker_entry; "
+                f"_worker_entry({child.fileno()}, {memory_mb!r})")
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child.fileno(),),
+                                         stdin=subprocess.DEVNULL, close_fds=True)
+        finally:
+            child.close()
+        self.conn = Connection(parent.detach())
+        self.tokenizers: set[str] = set()
+        if not self.conn.poll(start_timeout_s):
+            self.kill()
+            raise E.ConstraintEngineError("the compile worker did not start")
+        try:
+            self.conn.recv()
+        except (EOFError, OSError):
+            self.kill()
+            raise E.ConstraintEngineError("the compile worker died while starting") from None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def call(self, msg: tuple, timeout_s: float) -> tuple:
+        try:
+            self.conn.send(msg)
+            ready = self.conn.poll(timeout_s)
+        except (EOFError, OSError):
+            raise _WorkerDied from None
+        if not ready:
+            raise _CallTimeout
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError, BrokenPipeError):
+            raise _WorkerDied from None
+
+    def exit_description(self) -> str:
+        try:
+            code = self.proc.wait(2)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            return "it stopped answering"
+        if code < 0:
+            try:
+                return f"it was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"it was killed by signal {-code}"
+        return f"it exited with status {code}"
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+
+def spec_key(spec: Any, strict: bool = False, whitespace: str = "compact") -> str:
+    """A stable key of a spec (dicts by canonical JSON, spec objects by repr)."""
+    try:
+        text = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(spec)
+    raw = f"{type(spec).__name__}|{strict}|{whitespace}|{text}"
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class CompilePool:
+    """Worker processes for compiles that may crash or run away; see the module docstring."""
+
+    def __init__(self, size: int = 2, *, memory_mb: int | None = 4096, start_timeout_s: float = 180.0,
+                 remember: int = 1024):
+        if size < 1:
+            raise ValueError("the compile pool needs at least one worker")
+        self.size = size
+        self.memory_mb = memory_mb
+        self.start_timeout_s = start_timeout_s
+        self._slots = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self._closed = False
+        self._tok_bytes: dict[int, tuple[Any, str, bytes]] = {}
+        self._ok: "OrderedDict[str, None]" = OrderedDict()   # keys of specs whose probe succeeded
+        self._remember = remember
+        self.counters = {"compiles": 0, "crashes": 0, "timeouts": 0, "restarts": 0}
+
+    # ------------------------------------------------------------------ workers
+    def _take(self) -> _Worker:
+        with self._lock:
+            if self._closed:
+                raise E.ConstraintEngineError("the compile pool is closed")
+            while self._idle:
+                w = self._idle.pop()
+                if w.alive:
+                    return w
+                self._forget(w)
+        w = _Worker(self.memory_mb, self.start_timeout_s)
+        with self._lock:
+            self._all.append(w)
+        return w
+
+    def _forget(self, w: _Worker) -> None:
+        if w in self._all:
+            self._all.remove(w)
+
+    def _discard(self, w: _Worker) -> None:
+        w.kill()
+        with self._lock:
+            self._forget(w)
+            self.counters["restarts"] += 1
+
+    def warm(self) -> None:
+        """Start one worker now (blocking), so the first compile does not wait for it."""
+        with self._slots:
+            w = self._take()
+            with self._lock:
+                self._idle.append(w)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            workers, self._all, self._idle = list(self._all), [], []
+        for w in workers:
+            w.kill()
+
+    # ------------------------------------------------------------------ calls
+    def _tok_payload(self, tokenizer: Any) -> tuple[str, bytes]:
+        entry = self._tok_bytes.get(id(tokenizer))
+        if entry is None or entry[0] is not tokenizer:
+            data = pickle.dumps(tokenizer)
+            entry = (tokenizer, hashlib.sha256(data).hexdigest(), data)
+            self._tok_bytes[id(tokenizer)] = entry
+        return entry[1], entry[2]
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float, tokenizer: Any = None,
+            **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` in a worker (``fn`` and the arguments must pickle). Raises the
+        worker's typed error, :class:`CompileCrashed`, or ``ConstraintCompileTimeout``."""
+        tok = self._tok_payload(tokenizer) if tokenizer is not None else None
+        with self._slots:
+            w = self._take()
+            send_tok = None if tok is None or tok[0] in w.tokenizers else tok
+            try:
+                reply = w.call((fn, args, kwargs, send_tok), timeout_s)
+            except _CallTimeout:
+                self._discard(w)
+                self.counters["timeouts"] += 1
+                raise E.ConstraintCompileTimeout(
+                    f"compiling the constraint took longer than {timeout_s:g} s (the compile was stopped)") from None
+            except _WorkerDied:
+                how = w.exit_description()
+                self._discard(w)
+                self.counters["crashes"] += 1
+                raise CompileCrashed(f"the constraint engine crashed on this constraint ({how}); the crash was "
+                                     "contained in a compile worker") from None
+            if tok is not None:
+                w.tokenizers.add(tok[0])
+            with self._lock:
+                if self._closed:
+                    w.kill()
+                else:
+                    self._idle.append(w)
+        if reply[0] == "ok":
+            return reply[1]
+        _, module, name, message = reply
+        cls = getattr(E, name, None) if module == E.__name__ or module.startswith("dgemma_struct") else None
+        if isinstance(cls, type) and issubclass(cls, E.DgemmaStructError):
+            try:
+                raise cls(message)
+            except TypeError:  # a constructor with other required arguments
+                raise E.ConstraintError(message) from None
+        if name == "PanicException":
+            raise E.ConstraintEngineError(f"the constraint engine panicked: {message}")
+        raise E.ConstraintError(f"cannot compile the constraint: {name}: {message}")
+
+    def probe(self, spec: Any, tokenizer: Any, *, stop_token_ids: list[int], vocab_size: int | None,
+              strict: bool = False, whitespace: str = "compact", timeout_s: float = 10.0) -> None:
+        """Compile ``spec`` in a worker; returns when it compiled, raises the typed error otherwise.
+        Specs that compiled before are not probed again."""
+        key = spec_key(spec, strict, whitespace)
+        with self._lock:
+            if key in self._ok:
+                self._ok.move_to_end(key)
+                return
+        self.counters["compiles"] += 1
+        tok_key = self._tok_payload(tokenizer)[0]
+        self.run(_probe, spec, tok_key, list(stop_token_ids), vocab_size, strict, whitespace, timeout_s=timeout_s,
+                 tokenizer=tokenizer)
+        with self._lock:
+            self._ok[key] = None
+            while len(self._ok) > self._remember:
+                self._ok.popitem(last=False)
