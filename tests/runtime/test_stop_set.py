@@ -1,0 +1,57 @@
+"""The runtime's whole stop set ends a constrained output, and no stop token reaches ``.text``."""
+import pytest
+
+from dgemma_struct import Regex, generate
+from dgemma_struct.api import constraint_for
+from dgemma_struct.runtime import DiffusionRuntime
+from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.training.corpus import make_corpus
+from dgemma_struct.training.train import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_model):
+    corpus = make_corpus(200, seed=5)
+    tok = build_tokenizer([e["prompt"] for e in corpus] + [e["answer"] for e in corpus], vocab_size=512)
+    rt = DiffusionRuntime(tiny_model, tok, name="tiny")  # generation config: eos_token_id = [1, 4]
+    rt.settings = DiffusionSettings(max_denoising_steps=6, entropy_bound=0.5, confidence_threshold=0.5)
+    return rt
+
+
+def test_constraints_compiled_for_a_runtime_stop_on_every_eos_id(runtime):
+    assert runtime.eos_token_ids == [1, 4]
+    c = constraint_for(Regex("[a-z]{2,6}"), runtime)
+    assert set(c.stop_token_ids) == {1, 4}
+    for stop in runtime.eos_token_ids:
+        w = c.canvas_walker()
+        w.commit(runtime.tokenizer.encode("ab", add_special_tokens=False) + [stop])
+        assert w.is_stopped()
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_whichever_stop_token_the_model_writes_is_stripped(runtime, monkeypatch, mode):
+    import dgemma_struct.api as api
+    from dgemma_struct.guide import ConstraintGuide
+
+    seen = []
+
+    class PrefersSecondStop(ConstraintGuide):
+        """Makes the model prefer stop id 4 (``<end_of_turn>``) wherever the grammar allows a stop."""
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            seen.append(self)
+
+        def mask_logits(self, view):
+            super().mask_logits(view)
+            view.logits[..., 4] += 1e4  # masked logits: only where a stop is allowed
+
+        def mask_ar_logits(self, logits, active):
+            super().mask_ar_logits(logits, active)
+            logits[..., 4] += 1e4
+
+    monkeypatch.setattr(api, "ConstraintGuide", PrefersSecondStop)
+    res = generate("x", Regex("[a-z]{2,6}"), runtime=runtime, max_new_tokens=16, mode=mode, return_details=True)
+    assert seen and seen[0].walkers[0].frozen_tokens[-1] == 4  # the output really ended with id 4
+    assert 4 not in res.token_ids and 1 not in res.token_ids
+    assert "<end_of_turn>" not in res.text and 2 <= len(res.value) <= 6 and res.value.isalpha()
