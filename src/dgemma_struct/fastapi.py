@@ -25,9 +25,17 @@ Route helper::
     # POST /extract/person {"text": "..."}  ->  a Person; OpenAPI's response schema is Person's
 
 Requests from concurrent handlers are batched into shared canvas loops by one worker thread per
-runtime (see :class:`dgemma_struct.server.Batcher`); the event loop never runs the model. Typed
-errors become ``HTTPException`` with a 4xx status (504 for timeouts) and an OpenAI-style
-``detail`` (``message``, ``type``, ``param``, ``code``).
+runtime (see :class:`dgemma_struct.server.Batcher`); the event loop never runs the model.
+
+Errors: typed errors become ``HTTPException`` with an OpenAI-style ``detail`` (``message``,
+``type``, ``param``, ``code``): 400 bad spec or option, 429 queue full, 503 unavailable, 504
+timeout. A **generation failure** (the request was valid, but the model produced no valid value
+within the repairs and token budget: ``GenerationFailed``, ``LengthError``) is
+:data:`GENERATION_ERROR_STATUS` (502) with the :class:`GenerationErrorResponse` body
+(``detail.type == "generation_error"``, ``detail.code`` ``"generation_failed"`` or
+``"length_exceeded"``, ``detail.partial_text``) — never 422, which stays FastAPI's own
+request-validation error (a ``detail`` *list*). ``typed_route`` declares both in the OpenAPI
+schema; for your own routes pass ``responses=generation_error_responses()``.
 """
 from __future__ import annotations
 
@@ -36,16 +44,49 @@ import inspect
 import threading
 from typing import Any, Callable, Sequence
 
+from typing import Optional
+
 from fastapi import HTTPException
-from pydantic import BaseModel, create_model
+from pydantic import BaseModel, Field, create_model
 
 from dgemma_struct.constraints import Choice, Grammar, Regex
-from dgemma_struct.errors import DgemmaStructError
+from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
 from dgemma_struct.runtime import DiffusionRuntime
 from dgemma_struct.server.app import _http_error
 from dgemma_struct.server.batcher import Batcher, QueueFull, ShuttingDown
 
-__all__ = ["StructuredGenerator", "structured_generator", "typed_route", "to_http_exception"]
+__all__ = ["StructuredGenerator", "structured_generator", "typed_route", "to_http_exception",
+           "GenerationErrorResponse", "GenerationErrorDetail", "generation_error_responses",
+           "GENERATION_ERROR_STATUS"]
+
+#: HTTP status of a generation failure (distinct from FastAPI's request-validation 422): the
+#: request was valid; the model behind the route did not produce a valid value.
+GENERATION_ERROR_STATUS = 502
+
+
+class GenerationErrorDetail(BaseModel):
+    """Why generation failed, OpenAI-style."""
+
+    message: str
+    type: str = Field("generation_error", description="always 'generation_error'")
+    param: Optional[str] = None
+    code: str = Field(..., description="'generation_failed' (no valid value after the repairs and AR "
+                                       "fallback) or 'length_exceeded' (no valid value fits the token budget)")
+    partial_text: str = Field("", description="what the model had written (never a valid value)")
+
+
+class GenerationErrorResponse(BaseModel):
+    """The body of a :data:`GENERATION_ERROR_STATUS` response."""
+
+    detail: GenerationErrorDetail
+
+
+def generation_error_responses() -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a FastAPI route that generates: documents the generation-failure status
+    and body in the OpenAPI schema."""
+    return {GENERATION_ERROR_STATUS: {"model": GenerationErrorResponse,
+                                      "description": "Generation failed: the model produced no valid value "
+                                                     "(repairs and fallback exhausted, or the token budget)"}}
 
 _batchers: dict[int, Batcher] = {}
 _lock = threading.Lock()
@@ -61,8 +102,14 @@ def _batcher_for(runtime: DiffusionRuntime, **opts: Any) -> Batcher:
 
 
 def to_http_exception(err: BaseException) -> HTTPException:
-    """The ``HTTPException`` for a dgemma-struct error (400 bad spec/request, 422 generation
-    failed or too long, 429 queue full, 503 unavailable, 504 timeout)."""
+    """The ``HTTPException`` for a dgemma-struct error (400 bad spec/request, 429 queue full,
+    502 generation failed or too long (:class:`GenerationErrorResponse`), 503 unavailable, 504
+    timeout)."""
+    if isinstance(err, (GenerationFailed, LengthError)):
+        code = "length_exceeded" if isinstance(err, LengthError) else "generation_failed"
+        detail = GenerationErrorDetail(message=str(err)[:2000], code=code,
+                                       partial_text=(getattr(err, "partial_text", "") or "")[:10_000])
+        return HTTPException(status_code=GENERATION_ERROR_STATUS, detail=detail.model_dump())
     e = _http_error(err, None)
     return HTTPException(status_code=e.status, detail=e.body()["error"])
 
@@ -158,5 +205,6 @@ def typed_route(app: Any, path: str, *, schema: type[BaseModel] | Any, prompt_te
     endpoint.__annotations__ = {"body": input_model}
     endpoint.__name__ = "typed_" + path.strip("/").replace("/", "_").replace("-", "_")
     route_kwargs.setdefault("response_model", schema if isinstance(schema, type) else None)
+    route_kwargs["responses"] = {**generation_error_responses(), **(route_kwargs.get("responses") or {})}
     app.add_api_route(path, endpoint, methods=list(methods), **route_kwargs)
     return endpoint

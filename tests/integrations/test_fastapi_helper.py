@@ -7,7 +7,8 @@ from fastapi import Depends, FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, ConfigDict, Field
 
-from dgemma_struct.fastapi import StructuredGenerator, structured_generator, typed_route
+from dgemma_struct.fastapi import (GENERATION_ERROR_STATUS, GenerationErrorResponse, StructuredGenerator,
+                                   generation_error_responses, structured_generator, typed_route)
 
 
 class Flag(BaseModel):
@@ -35,7 +36,7 @@ def make_app(rt) -> FastAPI:
     async def broken(g: StructuredGenerator = Depends(gen)):
         return await g.regex("x", "((")
 
-    @app.get("/too-short")
+    @app.get("/too-short", responses=generation_error_responses())
     async def too_short(g: StructuredGenerator = Depends(gen)):
         return await g.json("x", Flag, max_new_tokens=2)
 
@@ -65,4 +66,20 @@ def test_typed_errors_become_http_4xx(rt):
         r = c.get("/broken")
         assert r.status_code == 400 and r.json()["detail"]["code"] == "invalid_regex"
         r = c.get("/too-short")
-        assert r.status_code == 422 and r.json()["detail"]["code"] == "length_exceeded"
+        # a generation failure has its own status and body, distinct from FastAPI's validation 422
+        assert r.status_code == GENERATION_ERROR_STATUS == 502
+        body = GenerationErrorResponse.model_validate(r.json())
+        assert body.detail.code == "length_exceeded" and body.detail.type == "generation_error"
+        bad = c.post("/extract/flag", json={"nope": 1})
+        assert bad.status_code == 422 and isinstance(bad.json()["detail"], list)
+
+
+def test_generation_errors_are_in_the_openapi_schema(rt):
+    with TestClient(make_app(rt)) as c:
+        spec = c.get("/openapi.json").json()
+    for path, method in (("/extract/flag", "post"), ("/too-short", "get")):
+        resp = spec["paths"][path][method]["responses"]["502"]
+        ref = resp["content"]["application/json"]["schema"]["$ref"]
+        assert ref.endswith("/GenerationErrorResponse")
+    detail = spec["components"]["schemas"]["GenerationErrorDetail"]
+    assert {"message", "type", "code", "partial_text"} <= set(detail["properties"])
