@@ -16,7 +16,8 @@ import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence, Union
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence, Union
 
 import torch
 
@@ -26,7 +27,20 @@ from dgemma_struct.hooks import StepHook
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
 from dgemma_struct.sampler import DiffusionSettings
 
-Prompt = Union[str, Sequence[dict]]
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """Chat messages plus what the checkpoint's chat template renders besides them: tool
+    declarations (OpenAI ``tools`` entries, rendered into the system turn) and template options
+    such as ``enable_thinking``."""
+
+    messages: Sequence[dict]
+    tools: Sequence[dict] | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+Prompt = Union[str, Sequence[dict], ChatPrompt]
 MODES = ("diffusion", "ar")
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
@@ -127,7 +141,16 @@ class DiffusionRuntime:
 
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Chat-template a prompt (a user string or a list of chat messages) into token ids."""
+        """Chat-template a prompt (a user string, a list of chat messages or a :class:`ChatPrompt`)
+        into token ids."""
+        extra: dict[str, Any] = {}
+        if isinstance(prompt, ChatPrompt):
+            if prompt.tools:
+                extra["tools"] = [dict(t) for t in prompt.tools]
+            extra.update(prompt.template_kwargs)
+            prompt = list(prompt.messages)
+            if not getattr(self.tokenizer, "chat_template", None) and extra:
+                raise InvalidRequestError("this tokenizer has no chat template to render tools or template options")
         if isinstance(prompt, str):
             messages = [{"role": "user", "content": prompt}]
         elif isinstance(prompt, Sequence) and all(isinstance(m, dict) for m in prompt) and prompt:
@@ -135,7 +158,7 @@ class DiffusionRuntime:
         else:
             raise InvalidRequestError("prompt must be a string or a non-empty list of chat messages")
         if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
             if hasattr(ids, "keys"):
                 ids = ids["input_ids"]
             return list(ids)
