@@ -178,6 +178,16 @@ def _bad_edge(ch: str) -> bool:
     return ch.isspace() or ord(ch) < 0x20 or ch in "\u2028\u2029"
 
 
+_LEFT_PUNCT, _RIGHT_PUNCT = ",;:.!?)]}", ",;:([{"
+
+
+def edge_ok(span: str) -> bool:
+    """May a free grounded string be ``span``? Non-empty, no whitespace or control character at
+    either end, not starting with closing punctuation or ending with a separator (``"Klein,"``)."""
+    return bool(span) and not _bad_edge(span[0]) and not _bad_edge(span[-1]) and \
+        span[0] not in _LEFT_PUNCT and span[-1] not in _RIGHT_PUNCT
+
+
 def _esc(s: str) -> str:
     """JSON string body of ``s`` (what goes between the quotes)."""
     return json.dumps(s, ensure_ascii=False)[1:-1]
@@ -188,7 +198,8 @@ def _lark_lit(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
 
-_NUM = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?![\w])")
+# a number is not part of a word, a decimal, or a hyphenated code (ORD-12345, 555-867-5309, 2024-05-01)
+_NUM = re.compile(r"(?<![\w.])(?<!\w-)-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?![\w])(?!-\w)")
 _JSON_NUM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
@@ -200,8 +211,8 @@ class _NumberLit:
 
 
 def source_numbers(text: str) -> list[tuple[_NumberLit, int, int]]:
-    """Number literals written in ``text`` with their character offsets (``1,250`` is 1250;
-    ``555-867-5309`` is three numbers, none negative)."""
+    """Number literals written in ``text`` with their character offsets (``1,250`` is 1250; the
+    digits of hyphenated codes, phone numbers and ISO dates are not numbers)."""
     out = []
     for m in _NUM.finditer(text):
         raw = m.group(0).replace(",", "")
@@ -342,7 +353,7 @@ class _GrammarBuilder:
         self.grounded_count = 0
         self._defs = {k: root[k] for k in ("$defs", "definitions") if isinstance(root, dict) and k in root}
         self._json_opts = dict(json_options("compact", None), lenient=True, coerce_one_of=True)
-        self._contains_memo: dict[int, bool] = {}
+        self._enum_memo: dict[tuple, bool] = {}
 
     # -- helpers ------------------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -397,7 +408,15 @@ class _GrammarBuilder:
                 raise GroundingError(f"{_fmt(path)}: a grounded field must be a string or a number, not both",
                                      path=path)
             return _Leaf("string" if scalar[0] == "string" else "number", mode)
-        if self.ground is None or "enum" in node or "const" in node:
+        if self.ground is None or "const" in node:
+            return None
+        if "enum" in node:
+            # request-level grounding narrows a string enum to the members written in the source,
+            # when there is one (an enum of labels the text never spells out is left as is)
+            vals = node["enum"]
+            if self.ground in ("strings", "all") and isinstance(vals, list) and vals and \
+                    all(isinstance(v, str) for v in vals) and self.enum_in_source(tuple(vals)):
+                return _Leaf("string", self.granularity)
             return None
         scalar = [t for t in types if t != "null"]
         if len(scalar) != 1:
@@ -407,6 +426,13 @@ class _GrammarBuilder:
         if scalar[0] in ("number", "integer") and self.ground in ("numbers", "all"):
             return _Leaf("number", self.granularity)
         return None
+
+    def enum_in_source(self, vals: tuple) -> bool:
+        hit = self._enum_memo.get(vals)
+        if hit is None:
+            docs = [_Doc(d) for d in self.docs]
+            hit = self._enum_memo[vals] = any(d.find_string(v, self.granularity) for v in vals for d in docs)
+        return hit
 
     def contains(self, node: Any, path: tuple, _stack: frozenset = frozenset()) -> bool:
         """Does ``node`` hold a grounded leaf anywhere below it?"""
@@ -596,9 +622,11 @@ class _GrammarBuilder:
                 r'EDGE_ESC: "\\n" | "\\t" | "\\r" | "\\f" | "\\b" | /\\u00[01][0-9a-fA-F]/',
                 r"EDGE_ANY: /(.|\n)*/",
                 r"EDGE_EVEN: /((.|\n)*[^\\])?(\\\\)*/",
+                r"EDGE_PUNCT_L: /[,;:.!?)\]}]/",
+                r"EDGE_PUNCT_R: /[,;:(\[{]/",
             ]
         body = (f"({' | '.join(subs)}) & /(.|\\n)+/ & ~(EDGE_WS EDGE_ANY) & ~(EDGE_ANY EDGE_WS) "
-                f"& ~(EDGE_ESC EDGE_ANY) & ~(EDGE_EVEN EDGE_ESC)")
+                f"& ~(EDGE_ESC EDGE_ANY) & ~(EDGE_EVEN EDGE_ESC) & ~(EDGE_PUNCT_L EDGE_ANY) & ~(EDGE_ANY EDGE_PUNCT_R)")
         self.rules.append(f"SPAN_{granularity.upper()}: {body}")
         self.rules.append(f'{name}: "\\"" SPAN_{granularity.upper()} "\\""')
         return name
@@ -622,9 +650,9 @@ class _GrammarBuilder:
         checks = 0
         for doc in self.docs:
             ch = chunk_offsets(doc, granularity)
-            good = [k for k, (s, e) in enumerate(ch) if not _bad_edge(doc[s]) and not _bad_edge(doc[e - 1])]
-            good_set = set(good)
-            for i in good:
+            starts = [k for k, (s, e) in enumerate(ch) if edge_ok(doc[s] + ".")]
+            good_set = {k for k, (s, e) in enumerate(ch) if edge_ok("a" + doc[e - 1])}
+            for i in starts:
                 s = ch[i][0]
                 for j in range(i, min(len(ch), i + MAX_SPAN_CHUNKS)):
                     e = ch[j][1]

@@ -33,7 +33,7 @@ def doc(v) -> str:
     return json.dumps({"v": v}, ensure_ascii=False, separators=(",", ":"))
 
 
-NASTY = 'Ann "Bo" O\'Neil\\x said:\n\tcafé 😀 naïve\x07end'
+NASTY = 'Ann "Bo" O\'Neil\\x said:\n\tcafé 😀 (naïve), ok\x07end'
 
 
 def spans_of(text: str, granularity: str) -> set[str]:
@@ -42,7 +42,8 @@ def spans_of(text: str, granularity: str) -> set[str]:
     for i in range(len(ch)):
         for j in range(i, len(ch)):
             s = text[ch[i][0]:ch[j][1]]
-            if not (s[0].isspace() or s[-1].isspace() or ord(s[0]) < 32 or ord(s[-1]) < 32):
+            if not (s[0].isspace() or s[-1].isspace() or ord(s[0]) < 32 or ord(s[-1]) < 32 or
+                    s[0] in ",;:.!?)]}" or s[-1] in ",;:([{"):
                 out.add(s)
     return out
 
@@ -95,15 +96,16 @@ def test_random_walks_give_valid_json_spans(tok):
 def test_numbers_only_from_source(tok):
     src = "Order ORD-12345: 3 x lamp at 19.90 each, 1,250 in stock, call 555-867-5309, temp -4."
     nums = [lit.value for lit, _, _ in source_numbers(src)]
-    assert nums == [12345, 3, 19.90, 1250, 555, 867, 5309, -4]
+    assert nums == [3, 19.90, 1250, -4]       # no digits of codes or phone numbers
     schema = {"type": "object", "properties": {
         "qty": {"type": "integer", "x-grounded": True, "minimum": 1, "maximum": 1000},
         "price": {"type": "number", "x-grounded": True}}, "required": ["qty", "price"]}
     c = compile_grounded(schema, tok, source=src)
     ok = lambda q, p: c.grammar_accepts(f'{{"qty":{q},"price":{p}}}')  # noqa: E731
-    assert ok(3, "19.90") and ok(555, 1250) and ok(867, -4)
+    assert ok(3, "19.90") and ok(1000 - 997, 1250) and ok(3, -4)
     assert not ok(4, "19.90")          # not in the source
-    assert not ok(12345, 3)            # above maximum
+    assert not ok(1250, 3)             # above maximum
+    assert not ok(555, 3)              # part of a phone number
     assert not ok("19.90", 3)          # not an integer
     assert not ok(3, "19.9")           # written as 19.90 in the source; 19.9 is a different literal
     assert c.validate_text('{"qty":3,"price":19.90}').ok
@@ -217,6 +219,9 @@ def test_request_level_ground_equals_markers(tok):
     s = compile_grounded(plain, tok, source="Tara Zhang is 42.", ground="strings")
     assert s.grammar_accepts('{"name":"Tara","age":41,"mood":"sad"}')
     assert not s.grammar_accepts('{"name":"Tar","age":41,"mood":"sad"}')
+    e = compile_grounded(plain, tok, source="Tara Zhang is 42 and sad.", ground="all")
+    assert e.grammar_accepts('{"name":"Tara","age":42,"mood":"sad"}')     # enum narrowed to what is written
+    assert not e.grammar_accepts('{"name":"Tara","age":42,"mood":"happy"}')
     opt_out = {**plain, "properties": {**plain["properties"], "name": {"type": "string", "x-grounded": False}}}
     o = compile_grounded(opt_out, tok, source="Tara Zhang is 42.", ground="all")
     assert o.grammar_accepts('{"name":"Dara","age":42,"mood":"sad"}')
