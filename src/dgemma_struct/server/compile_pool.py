@@ -236,12 +236,29 @@ class CompilePool:
         with self._lock:
             self._forget(w)
             self.counters["restarts"] += 1
+        # a replacement starts now, in the background, so the next compile does not wait for it
+        threading.Thread(target=self._replenish, daemon=True, name="dgemma-struct-compile-restart").start()
 
-    def warm(self) -> None:
-        """Start one worker now (blocking), so the first compile does not wait for it."""
-        with self._slots:
-            w = self._take()
+    def _replenish(self) -> None:
+        try:
+            self.warm(1)
+        except E.DgemmaStructError:
+            pass
+
+    def warm(self, count: int = 1) -> None:
+        """Start workers (blocking) until ``count`` are idle (at most ``size``), so that the next
+        compiles do not wait for a start-up."""
+        count = min(count, self.size)
+        while True:
             with self._lock:
+                if self._closed or len(self._idle) >= count or len(self._all) >= self.size:
+                    return
+            w = _Worker(self.memory_mb, self.start_timeout_s)
+            with self._lock:
+                if self._closed or len(self._all) >= self.size:
+                    w.kill()
+                    return
+                self._all.append(w)
                 self._idle.append(w)
 
     def close(self) -> None:
