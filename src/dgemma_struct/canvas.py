@@ -138,22 +138,32 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         past_key_values=cache, decoder_position_ids=dec_pos).logits
             model_s += time.perf_counter() - t0
             t_step = temperature(settings, cur_step)
-            logits = raw / (t_step * scale if scale is not None else t_step)
+            # in place: the forward's logits are ours, and the values are those of ``raw / t``
+            logits = raw.div_(t_step * scale if scale is not None else t_step)
             active = ~(finished | finished_denoising)
 
+            new_argmax = None
             if hook is not None:
                 t0 = time.perf_counter()
                 _one_hot_frozen(logits, frozen, frozen_tokens)
                 view.step, view.logits, view.canvas = cur_step, logits, canvas
                 view.frozen, view.frozen_tokens = frozen, frozen_tokens
                 view.active, view.sample_at = active, None
+                # the draft before masking, computed once for the hook; the hook reports the
+                # positions it changed (``view.touched``) so only those are argmaxed again
+                view.draft, view.touched = torch.argmax(logits, dim=-1), None
                 hook.mask_logits(view)
+                if view.touched is not None:
+                    new_argmax = view.draft.clone()
+                    if view.touched.any():
+                        new_argmax[view.touched] = torch.argmax(logits[view.touched], dim=-1)
                 hook_s += time.perf_counter() - t0
 
             # one entropy per step, shared by the acceptance rule and the stopping rule
             entropy = step_entropy(logits)  # NaN-free: an emptied position becomes uniform
             accept = entropy_bound_accept(logits, settings.entropy_bound, entropy=entropy)
-            new_argmax = torch.argmax(logits, dim=-1)
+            if new_argmax is None:
+                new_argmax = torch.argmax(logits, dim=-1)
             if generators is not None:
                 where = accept & ~frozen & active[:, None]
                 if hook is not None and view.sample_at is not None:

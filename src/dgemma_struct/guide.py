@@ -226,10 +226,12 @@ class ConstraintGuide:
                 and (active is None or bool(active[b]))]
         if live and self.progress:
             view.sample_at = torch.zeros((B, L), dtype=torch.bool, device=logits.device)
+        draft = getattr(view, "draft", None)
+        touched = torch.zeros((B, L), dtype=torch.bool, device=logits.device) if draft is not None else None
         for b in live:
             w = self.walkers[b]
             f = self._n_frozen[b]
-            res = w.walk(logits[b, f:].argmax(dim=-1).tolist())
+            res = w.walk((draft[b, f:] if draft is not None else logits[b, f:].argmax(dim=-1)).tolist())
             n = min(res.n_valid + 1, L - f)
             bm = res.bitmasks[:n]
             empty = ~bm.any(axis=1)
@@ -244,15 +246,19 @@ class ConstraintGuide:
             if view.sample_at is not None:
                 view.sample_at[b, f] = True
         if rows:
-            apply_token_bitmask_(logits.view(B * L, V), np.concatenate(masks, axis=0),
-                                 indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
+            index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+            apply_token_bitmask_(logits.view(B * L, V), np.concatenate(masks, axis=0), indices=index)
+            if touched is not None:
+                touched.view(-1)[index] = True
         if self.close_on_budget:
             for b in live:
                 w = self.walkers[b]
                 f = self._n_frozen[b]
                 if f >= L or bool(view.done[b]) or w.is_stopped():
                     continue
-                self._steer_to_close(b, logits[b, f:])
+                if self._steer_to_close(b, logits[b, f:]) and touched is not None:
+                    touched[b, f:] = True
+        view.touched = touched
         self.mask_s += time.perf_counter() - t0
 
     def _free_room(self, b: int) -> tuple[int, list[int] | None]:
@@ -278,15 +284,16 @@ class ConstraintGuide:
             return 0, None
         return max(0, remaining - len(plan) - margin), plan
 
-    def _steer_to_close(self, b: int, logits: torch.Tensor) -> None:
+    def _steer_to_close(self, b: int, logits: torch.Tensor) -> bool:
         """When row ``b`` must close now, bias ``logits`` (``[n, V]`` rows from its frontier)
         towards its closing plan, then a stop token (only a stop token when no plan fits)."""
         room, plan = self._free_room(b)
         if room:
-            return
+            return False
         plan = plan or []
         self._bias_plan(logits, plan, self.walkers[b].stop_token_ids)
         self.closing[b] = self.closing[b] or bool(plan) or self.walkers[b].is_accepting()
+        return True
 
     def _cap_run(self, b: int, tokens: list[int]) -> list[int]:
         """Commits in one step stop at the start of the closing window (one canvas step can accept

@@ -42,6 +42,11 @@ class StepView:
     # sampler does not accept them (the guide's frontier). With per-row generators the loop draws
     # only at accepted positions and these; ``sample`` holds the argmax elsewhere.
     sample_at: torch.Tensor | None = None
+    # [B, L] argmax of ``logits`` before ``mask_logits`` (frozen positions one-hot already), and
+    # ``touched``: [B, L] bool a hook may set to the positions whose logits it changed; then the
+    # loop re-takes the argmax only there (``None``: the loop assumes any position may have changed)
+    draft: torch.Tensor | None = None
+    touched: torch.Tensor | None = None
 
 
 @runtime_checkable

@@ -45,6 +45,7 @@ def test_whichever_stop_token_the_model_writes_is_stripped(runtime, monkeypatch,
         def mask_logits(self, view):
             super().mask_logits(view)
             view.logits[..., 4] += 1e4  # masked logits: only where a stop is allowed
+            view.touched = None  # it changed every position: the loop must re-take every argmax
 
         def mask_ar_logits(self, logits, active):
             super().mask_ar_logits(logits, active)
