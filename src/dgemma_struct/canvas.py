@@ -196,7 +196,8 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 new_argmax = torch.where(finished_denoising[:, None], argmax, new_argmax)
                 new_canvas = torch.where(finished_denoising[:, None], canvas, new_canvas)
                 if sc_logits is not None:  # None when a row was finished by the hook before step 1
-                    logits = torch.where(finished_denoising[:, None, None], sc_logits, logits)
+                    # rows only (the values of a full-vocabulary ``torch.where``, without its copy)
+                    logits[finished_denoising] = sc_logits[finished_denoising].to(logits.dtype)
             finished_denoising |= stopper(new_argmax, logits, entropy=entropy)
             if hook is not None:
                 finished_denoising |= view.done
