@@ -44,7 +44,7 @@ TOOL_CHOICES = ("auto", "required", "none")
 MARKER_TOKENS = {"call_open": "<|tool_call>", "call_close": "<tool_call|>", "str": '<|"|>',
                  "response": "<|tool_response>"}
 GEMMA4_MARKERS = {"call_open": 48, "call_close": 49, "str": 52, "response": 50}
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,63}")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
 _KEY = re.compile(r"[^\s:,{}\[\]<>\"]{1,128}")
 _MAX_TOOLS = 128
 _MAX_DEPTH = 24
@@ -152,7 +152,7 @@ def normalise_tools(tools: Sequence[Any]) -> list[Tool]:
     for t in tools:
         tool = as_tool(t)
         if not isinstance(tool.name, str) or not _NAME.fullmatch(tool.name):
-            raise ToolCallError(f"tool name {tool.name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_-]*, ≤ 64 chars)")
+            raise ToolCallError(f"tool name {tool.name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_.-]*, ≤ 64 chars)")
         if tool.name in seen:
             raise ToolCallError(f"duplicate tool name {tool.name!r}")
         seen.add(tool.name)
