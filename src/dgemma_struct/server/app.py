@@ -187,6 +187,9 @@ class ServerState:
             return len(self.runtime.encode_prompt(prompt))
         except DgemmaStructError as err:
             raise api_error_for(err) from None
+        except Exception as err:  # noqa: BLE001 - the chat template or tokenizer refused this prompt
+            raise APIError(400, f"the prompt cannot be encoded: {type(err).__name__}: {err}", param="messages",
+                           code="invalid_prompt") from None
 
     def count_tokens(self, text: str) -> int:
         if not text:
@@ -216,6 +219,7 @@ class ServerState:
     async def _gather(self, coros: list[Any], request: Request | None, param: str | None) -> list[Any]:
         """Runs the rows; a client that disconnects cancels them (their rows leave the batch)."""
         work = asyncio.ensure_future(asyncio.gather(*coros, return_exceptions=True))
+        work.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved, even when abandoned
         watcher = asyncio.ensure_future(_wait_disconnect(request)) if request is not None else None
         try:
             if watcher is not None:

@@ -128,7 +128,7 @@ class Batcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counters = {"batches": 0, "rows": 0, "largest_batch": 0, "dropped": 0, "streams": 0, "errors": 0,
-                         "isolated_reruns": 0}
+                         "isolated_reruns": 0, "cancelled_rows": 0}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Batcher":
@@ -336,7 +336,9 @@ class Batcher:
                 return
             results = [_typed(err, j) for j in group]
         for job, res in zip(group, results):
-            if not job.cancelled:
+            if job.cancelled:
+                self.counters["cancelled_rows"] += 1
+            else:
                 job.resolve(res if not isinstance(res, BaseException) else _typed(res, job))
 
     def _free_text(self, group: list[Job], seed: int) -> list[Any]:

@@ -1,0 +1,110 @@
+"""#15.2 and #15.5: a failing row leaves its batch (the others complete), and deadlines start when
+a request starts running."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import httpx
+import jsonschema
+from server_harness import running_server
+
+from dgemma_struct.api import constraint_for
+from dgemma_struct.errors import ConstraintEngineError
+from dgemma_struct.server.batcher import Batcher, Job
+
+MSG = [{"role": "user", "content": "Give the answer as JSON."}]
+GOOD = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}
+# compiles, but validating an output recurses forever (RecursionError: the whole batched call failed)
+POISON = {"type": "boolean", "not": {"$ref": "#"}}
+
+
+def test_a_poisoned_row_does_not_fail_its_batch(rt):
+    with running_server(rt, max_batch_size=8, max_wait_ms=300, max_tokens_cap=64) as url:
+        async def go():
+            async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+                bodies = [{"messages": MSG, "max_tokens": 24, "guided_json": GOOD} for _ in range(6)]
+                bodies.insert(3, {"messages": MSG, "max_tokens": 24, "guided_json": POISON})
+                return await asyncio.gather(*[c.post("/v1/chat/completions", json=b) for b in bodies])
+        rs = asyncio.run(go())
+        bad = rs.pop(3)
+        assert 400 <= bad.status_code < 500, bad.text
+        assert bad.json()["error"]["code"]
+        for r in rs:
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            if choice["finish_reason"] == "stop":
+                jsonschema.validate(json.loads(choice["message"]["content"]), GOOD)
+        h = httpx.get(url + "/health").json()
+        assert h["status"] == "ok"
+
+
+class _Exploding(BaseException):
+    """What a Rust panic looks like from Python: a BaseException, not an Exception."""
+
+
+class _PanickyJob(Job):
+    """A job whose row_stop poll (inside the batched loop) raises a BaseException, as native code
+    could; the batcher's own reads of ``cancelled`` see False."""
+
+    @property
+    def cancelled(self):  # type: ignore[override]
+        if getattr(self, "_armed", False) and sys._getframe(1).f_code.co_name == "<lambda>":
+            raise _Exploding("panic in native code")
+        return False
+
+    @cancelled.setter
+    def cancelled(self, value):
+        pass
+
+
+def test_a_base_exception_in_one_row_is_contained(rt):
+    c = constraint_for(GOOD, rt)
+    b = Batcher(rt, max_batch_size=4, max_wait_ms=1)
+    loop = asyncio.new_event_loop()
+    try:
+        jobs = [Job("a", c, 24, 0, time.monotonic() + 60, loop, timeout_s=60),
+                _PanickyJob("b", c, 24, 0, time.monotonic() + 60, loop, timeout_s=60),
+                Job("c", c, 24, 0, time.monotonic() + 60, loop, timeout_s=60)]
+        jobs[1]._armed = True
+        got = {}
+        for j in jobs:
+            j.resolve = lambda v, j=j: got.__setitem__(j.prompt, v)
+        b._run_group(jobs)
+        assert isinstance(got["b"], ConstraintEngineError) and "panic" in str(got["b"])
+        assert not isinstance(got["a"], BaseException) and not isinstance(got["c"], BaseException)
+        assert b.counters["isolated_reruns"] == 1
+    finally:
+        loop.close()
+
+
+def test_deadline_starts_when_the_request_runs(rt):
+    """A short request queued behind a long one keeps its whole run budget."""
+    b = Batcher(rt, max_batch_size=1, max_wait_ms=0, queue_timeout_s=120)
+    loop = asyncio.new_event_loop()
+    try:
+        job = Job("x", None, 8, 0, time.monotonic() + 120, loop, timeout_s=5.0)
+        time.sleep(0.2)                                  # "queued" for a while
+        job.start()
+        assert job.deadline - job.started == 5.0
+        assert job.deadline > time.monotonic() + 4.5
+    finally:
+        loop.close()
+
+
+def test_short_requests_behind_a_long_one_do_not_time_out(rt):
+    with running_server(rt, max_batch_size=1, max_wait_ms=0, request_timeout_s=20, queue_timeout_s=120,
+                        max_tokens_cap=256) as url:
+        async def go():
+            async with httpx.AsyncClient(base_url=url, timeout=180) as c:
+                long = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 200,
+                                                             "response_format": {"type": "json_object"}})
+                shorts = [c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 8,
+                                                                "guided_choice": ["yes", "no"]}) for _ in range(4)]
+                return await asyncio.gather(long, *shorts)
+        rs = asyncio.run(go())
+        for r in rs[1:]:
+            assert r.status_code == 200, r.text
