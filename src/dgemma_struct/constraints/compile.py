@@ -18,6 +18,8 @@ import llguidance as llg
 from dgemma_struct.errors import (ChoiceError, ConstraintCompileTimeout, ConstraintError, GrammarError,
                                   RegexError, SchemaError)
 
+from .safety import MAX_SPEC_BYTES, check_schema_input, clip, engine_guard
+
 from .json_schema import JsonPlan, iter_issues, make_validator, prepare_json_schema
 from .specs import Choice, Grammar, JsonSchema, Regex
 from .tokenizer import TokenizerInfo, get_tokenizer_info
@@ -71,12 +73,14 @@ class Constraint:
         self._validator = validator
         self._adapter = pydantic_adapter
         self.description = description
-        self._template = llg.LLMatcher(info.lltok, grammar, log_level=0, limits=_limits())
-        if self._template.is_error():
-            err = self._template.get_error()
+        with engine_guard(f"compiling the {kind} constraint"):
+            self._template = llg.LLMatcher(info.lltok, grammar, log_level=0, limits=_limits())
+            failed = self._template.is_error()
+            err = self._template.get_error() if failed else ""
+        if failed:
             exc = ConstraintCompileTimeout if _is_limit(err) else {
                 "json": SchemaError, "regex": RegexError, "grammar": GrammarError, "choice": ChoiceError}[kind]
-            raise exc(f"cannot compile the {kind} constraint: {err}")
+            raise exc(f"cannot compile the {kind} constraint: {clip(err)}")
         # special tokens a grammar could reference (lark ``<[id]>``) but a mask must never allow
         self.may_allow_specials = may_allow_specials
 
@@ -95,7 +99,8 @@ class Constraint:
 
     def new_matcher(self) -> Any:
         """A fresh ``llguidance.LLMatcher`` at the start state."""
-        return self._template.deep_copy()
+        with engine_guard("copying a matcher"):
+            return self._template.deep_copy()
 
     def canvas_walker(self) -> "CanvasWalker":
         from .canvas_mask import CanvasWalker
@@ -106,23 +111,25 @@ class Constraint:
 
     # -- checking text -----------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
-        return self.tokenizer_info.lltok.tokenize_str(text)
+        """Token ids of ``text``; special-token spellings in it (``"<eos>"``) are encoded as text."""
+        return self.tokenizer_info.tokenize(text)
 
     def grammar_accepts(self, text: str) -> bool:
         """Would the grammar accept exactly ``text`` followed by EOS?"""
         m = self.new_matcher()
         toks = self.tokenize(text)
-        if not m.consume_tokens(toks):
-            return False
-        return bool(m.consume_token(self.eos_token_id)) and not m.is_error()
+        with engine_guard("checking a text against the constraint"):
+            if not m.consume_tokens(toks):
+                return False
+            return bool(m.consume_token(self.eos_token_id)) and not m.is_error()
 
     def validate_text(self, text: str) -> ValidationOutcome:
         """Semantic validation of a finished output (see module docs)."""
         if self.kind == "json":
             try:
-                value = json.loads(text)
-            except ValueError as e:
-                return ValidationOutcome(False, None, [ValidationIssue((), f"invalid JSON: {e}")])
+                value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+            except (ValueError, RecursionError) as e:
+                return ValidationOutcome(False, None, [ValidationIssue((), f"invalid JSON: {clip(e, 300)}")])
             issues = [ValidationIssue(p, msg) for p, msg in iter_issues(self._validator, value)]
             if issues:
                 return ValidationOutcome(False, value, issues)
@@ -147,6 +154,18 @@ class Constraint:
         if self.kind in ("regex", "grammar"):
             return self.grammar_accepts(text)
         return self.grammar_accepts(text) and self.validate_text(text).ok
+
+
+def _finite_float(s: str) -> float:
+    """JSON number -> float, refusing numbers beyond the IEEE double range (``3e616`` would become inf)."""
+    f = float(s)
+    if f != f or f in (float("inf"), float("-inf")):
+        raise ValueError(f"number {clip(s, 60)} is outside the IEEE double range")
+    return f
+
+
+def _no_constant(s: str) -> Any:
+    raise ValueError(f"{s} is not JSON")
 
 
 def _is_limit(msg: str) -> bool:
@@ -240,12 +259,17 @@ def _canon(obj: Any) -> str:
 def _compile_regex(pattern: str, info: TokenizerInfo) -> Constraint:
     if not isinstance(pattern, str):
         raise RegexError(f"a regex must be a string, not {type(pattern).__name__}")
-    g = llg.LLMatcher.grammar_from_regex(pattern)
-    err = llg.LLMatcher.validate_grammar(g, info.lltok, limits=_limits())
+    if len(pattern.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise RegexError(f"regex too long: more than {MAX_SPEC_BYTES} bytes")
+    if "\x00" in pattern:
+        raise RegexError("regex contains a NUL character")
+    with engine_guard("compiling a regex"):
+        g = llg.LLMatcher.grammar_from_regex(pattern)
+        err = llg.LLMatcher.validate_grammar(g, info.lltok, limits=_limits())
     if err:
         if _is_limit(err):
-            raise ConstraintCompileTimeout(f"regex exceeds the compile limits: {err}")
-        raise RegexError(f"invalid regex {pattern!r}: {err.strip()}")
+            raise ConstraintCompileTimeout(f"regex exceeds the compile limits: {clip(err)}")
+        raise RegexError(f"invalid regex {clip(repr(pattern), 200)}: {clip(err.strip())}")
     return Constraint("regex", g, info, description=f"regex={pattern!r}")
 
 
@@ -253,7 +277,21 @@ def _lark_error(e: Exception) -> str:
     line = getattr(e, "line", None)
     col = getattr(e, "column", None)
     loc = f" (line {line}, column {col})" if line not in (None, -1) else ""
-    return f"{type(e).__name__}{loc}: {str(e).strip()}"
+    return f"{type(e).__name__}{loc}: {clip(str(e).strip())}"
+
+
+_IMPORT = re.compile(r"(?m)^[ \t]*%import[ \t]+(\S*)")
+
+
+def _check_imports(text: str) -> None:
+    """``%import`` may name Lark's bundled ``common`` terminals only: anything else would make the Lark
+    parser read files from disk (relative paths, import paths) and echo their lines in errors."""
+    for m in _IMPORT.finditer(text):
+        mod = m.group(1)
+        if not mod.startswith("common."):
+            line = text.count("\n", 0, m.start()) + 1
+            raise GrammarError(f"%import of {clip(mod, 80)!r} at line {line} is not allowed: grammars may import "
+                               f"only Lark's common terminals (%import common.NAME); inline the rules instead")
 
 
 _LLG_DIALECT = re.compile(r'%json|%llguidance|%regex|%lark|<\[|<[A-Za-z_|]+>|max_tokens|""|\[lazy|stop\s*=')
@@ -276,6 +314,11 @@ def _compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
         raise GrammarError(f"Grammar source must be text or a path, not {type(src).__name__}")
     if not text.strip():
         raise GrammarError("empty grammar")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise GrammarError(f"grammar too long: more than {MAX_SPEC_BYTES} bytes")
+    if "\x00" in text:
+        raise GrammarError("grammar contains a NUL character")
+    _check_imports(text)
     start = spec.start or "start"
     import lark
     lark_err: Exception | None = None
@@ -286,15 +329,16 @@ def _compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
     lltext = text
     if start != "start" and not re.search(r"(?m)^\s*start\s*:", text):
         lltext = f"start: {start}\n" + text
-    g = llg.LLMatcher.grammar_from_lark(lltext)
-    err = llg.LLMatcher.validate_grammar(g, info.lltok, limits=_limits())
+    with engine_guard("compiling a grammar"):
+        g = llg.LLMatcher.grammar_from_lark(lltext)
+        err = llg.LLMatcher.validate_grammar(g, info.lltok, limits=_limits())
     if lark_err is not None and (err or not _LLG_DIALECT.search(text)):
         # stock lark rejects it and it uses no llguidance-only syntax: report lark's line/column
         raise GrammarError(f"invalid Lark grammar: {_lark_error(lark_err)}")
     if err:
         if _is_limit(err):
-            raise ConstraintCompileTimeout(f"grammar exceeds the compile limits: {err}")
-        raise GrammarError(f"Lark grammar not supported by the constrained decoder: {err.strip()}")
+            raise ConstraintCompileTimeout(f"grammar exceeds the compile limits: {clip(err)}")
+        raise GrammarError(f"Lark grammar not supported by the constrained decoder: {clip(err.strip())}")
     # lark_err but llguidance accepted: llguidance dialect (e.g. %json, <[id]>, lazy "" terminals)
     may_specials = "<" in text
     return Constraint("grammar", g, info, may_allow_specials=may_specials, description="lark grammar")
@@ -311,12 +355,20 @@ def _compile_choice(spec: Choice, info: TokenizerInfo) -> Constraint:
             raise ChoiceError(f"choices must be strings; got {c!r} ({type(c).__name__})")
         if not c:
             raise ChoiceError("choices must be non-empty strings")
+    if sum(len(c.encode("utf-8", "surrogatepass")) for c in ch) > MAX_SPEC_BYTES:
+        raise ChoiceError(f"choices too long: more than {MAX_SPEC_BYTES} bytes in all")
+    for c in ch:
+        try:
+            c.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ChoiceError(f"choice {clip(repr(c), 80)} is not valid Unicode (lone surrogate)") from None
     uniq = list(dict.fromkeys(ch))
     lark_text = "start: " + " | ".join(json.dumps(c) for c in uniq)
-    g = llg.LLMatcher.grammar_from_lark(lark_text)
-    err = llg.LLMatcher.validate_grammar(g, info.lltok, limits=_limits())
+    with engine_guard("compiling the choices"):
+        g = llg.LLMatcher.grammar_from_lark(lark_text)
+        err = llg.LLMatcher.validate_grammar(g, info.lltok, limits=_limits())
     if err:
-        raise ChoiceError(f"cannot compile the choices: {err.strip()}")
+        raise ChoiceError(f"cannot compile the choices: {clip(err.strip())}")
     c = Constraint("choice", g, info, validator=frozenset(uniq), description=f"{len(uniq)} choices")
     c.choices = uniq
     return c
@@ -351,10 +403,12 @@ def _normalise(spec: Any) -> tuple[str, Any, Any, str]:
         if isinstance(d, (str, bytes)):
             try:
                 d = json.loads(d)
-            except ValueError as e:
-                raise SchemaError(f"schema is not valid JSON: {e}") from None
+            except (ValueError, RecursionError) as e:
+                raise SchemaError(f"schema is not valid JSON: {clip(e, 300)}") from None
+        check_schema_input(d)
         return "json", d, None, "json:" + _canon(d)
     if isinstance(spec, (dict, bool)) and not isinstance(spec, type):
+        check_schema_input(spec)
         return "json", spec, None, "json:" + _canon(spec)
     if isinstance(spec, (str, bytes)):
         raise ConstraintError("a bare string is ambiguous: wrap it as Regex(...), Grammar(...) or JsonSchema(...)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from decimal import Decimal, InvalidOperation
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 from urllib.parse import unquote
@@ -23,6 +24,8 @@ import jsonschema
 import llguidance as llg
 
 from dgemma_struct.errors import ConstraintCompileTimeout, SchemaError, UnsupportedKeywordError
+
+from .safety import check_ref_cycles, check_schema_input, clip, engine_guard, has_wide_int
 
 __all__ = ["JsonPlan", "prepare_json_schema", "make_validator", "iter_issues", "missing_format_extras"]
 
@@ -103,16 +106,43 @@ def _format_checker(cls: Any) -> Any:
     return fc
 
 
+def _decimal_multiple_of(validator: Any, dB: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    """``multipleOf`` in exact decimal arithmetic: 0.3 is a multiple of 0.1 (``jsonschema`` divides
+    doubles and says it is not)."""
+    if not validator.is_type(instance, "number") or not validator.is_type(dB, "number"):
+        return
+    if isinstance(dB, int) and isinstance(instance, int):
+        bad = instance % dB != 0
+    else:
+        try:
+            q = Decimal(repr(instance)) / Decimal(repr(dB))
+            bad = q != q.to_integral_value()
+        except (InvalidOperation, ValueError):  # e.g. dB == 0 (rejected by the metaschema)
+            bad = True
+    if bad:
+        yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {dB!r}")
+
+
+_VALIDATOR_CLASSES: dict = {}
+
+
 def make_validator(schema: Any) -> Any:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=_format_checker(cls))
+    ext = _VALIDATOR_CLASSES.get(cls)
+    if ext is None:
+        ext = _VALIDATOR_CLASSES[cls] = jsonschema.validators.extend(cls, {"multipleOf": _decimal_multiple_of})
+    return ext(schema, format_checker=_format_checker(cls))
 
 
 def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
     try:
         errs = list(validator.iter_errors(instance))
     except jsonschema.exceptions._WrappedReferencingError as e:  # type: ignore[attr-defined]
-        raise UnsupportedKeywordError(f"cannot resolve $ref: {e}", keywords=["$ref"]) from None
+        raise UnsupportedKeywordError(f"cannot resolve $ref: {clip(e)}", keywords=["$ref"]) from None
+    except RecursionError:
+        # bounded: $ref cycles that consume no input are refused at compile time; this is a
+        # schema / instance nested beyond Python's recursion limit
+        return [((), "validation recursed too deeply (schema or value nested beyond the recursion limit)")]
     return [(tuple(e.absolute_path), e.message) for e in errs]
 
 
@@ -121,7 +151,8 @@ def _check_metaschema(schema: Any) -> None:
     try:
         cls.check_schema(schema)
     except jsonschema.exceptions.SchemaError as e:
-        raise SchemaError(f"invalid JSON Schema at {_fmt_path(tuple(e.absolute_path))}: {e.message}") from None
+        raise SchemaError(f"invalid JSON Schema at {clip(_fmt_path(tuple(e.absolute_path)), 200)}: "
+                          f"{clip(e.message)}") from None
 
 
 def _resolve_pointer(root: Any, ref: str) -> bool:
@@ -220,7 +251,48 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None) -> Any:
                 s["items"] = s.pop("additionalItems")
         if "dependencies" in s and isinstance(s["dependencies"], dict):
             s.pop("dependencies")  # validated
+        mo = s.get("multipleOf")
+        if isinstance(mo, float) and not mo.is_integer():
+            # llguidance compiles decimal multipleOf wrongly next to bounds (0.1 in [0.25, 0.35]
+            # accepts nothing; 1.0 is refused for 0.25): validation checks it exactly (Decimal)
+            s.pop("multipleOf")
+            if dropped is not None:
+                dropped.append("multipleOf")
+            # its decimal range regexes also refuse valid values (0.3 in [0.25, 0.35]): with a decimal
+            # step the non-integer bounds go to validation as well
+            for kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+                v = s.get(kw)
+                if isinstance(v, float) and not v.is_integer():
+                    s.pop(kw)
+                    if dropped is not None:
+                        dropped.append(kw)
+        _drop_wide_ints(s, dropped)
     return g
+
+
+_TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+            type(None): "null"}
+_STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "allOf", "anyOf",
+               "oneOf", "prefixItems", "items", "additionalProperties", "additionalItems", "contains", "not", "if",
+               "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
+
+
+def _drop_wide_ints(s: dict, dropped: list[str] | None) -> None:
+    """Keep integers llguidance cannot take (see :mod:`.safety`) out of the grammar copy: the keyword
+    holding one is removed (``const``/``enum`` leave their values' types behind), so the grammar is a
+    superset and validation, exact for Python ints, enforces the keyword."""
+    for kw in [k for k in s if k not in _STRUCTURAL]:
+        v = s[kw]
+        if not has_wide_int(v):
+            continue
+        s.pop(kw)
+        if kw in ("const", "enum"):
+            vals = [v] if kw == "const" else (v if isinstance(v, list) else [])
+            types = sorted({_TYPE_OF.get(type(x), "string") for x in vals})
+            if types and "type" not in s:
+                s["type"] = types[0] if len(types) == 1 else types
+        if dropped is not None and kw not in ("default", "examples", "$comment", "title", "description"):
+            dropped.append(kw)
 
 
 _REGEX_ERR = re.compile(r"regex parse error:\n {4}(.*?)\n {4}\^")
@@ -229,8 +301,9 @@ _UNKNOWN_FMT = re.compile(r"Unknown format: (\S+)")
 
 
 def _regex_ok(p: str) -> bool:
-    g = llg.LLMatcher.grammar_from_regex(p)
-    return not llg.LLMatcher.validate_grammar(g)
+    with engine_guard("checking a schema pattern"):
+        g = llg.LLMatcher.grammar_from_regex(p)
+        return not llg.LLMatcher.validate_grammar(g)
 
 
 def _relax_pattern(g: Any, bad: str | None) -> list[str]:
@@ -279,29 +352,38 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
             raise SchemaError(f"schema is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a JSON Schema must be an object or a boolean, not {type(schema).__name__}")
+    check_schema_input(schema)
     try:
-        schema = json.loads(json.dumps(schema))
-    except (TypeError, ValueError) as e:
-        raise SchemaError(f"schema is not JSON-serialisable: {e}") from None
+        schema = json.loads(json.dumps(schema, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise SchemaError(f"schema is not JSON-serialisable: {clip(e)}") from None
     if schema is False:
         raise SchemaError("unsatisfiable schema: false")
     _check_metaschema(schema)
     if isinstance(schema, dict):
         _check_refs(schema)
+        check_ref_cycles(schema)
         _check_bounds(schema)
     semantic: list[str] = []
     g = _grammar_copy(schema, semantic) if isinstance(schema, dict) else {}
+    if has_wide_int(g):  # somewhere the grammar copy could not drop it: never hand it to the engine
+        raise SchemaError("the schema holds an integer beyond the 64-bit range (|v| >= 2**63) where it cannot be "
+                          "left to validation")
     if isinstance(schema, dict) and _uses(schema, "dependencies"):
         semantic.append("dependencies")
     opts = dict(json_options(whitespace, separators), lenient=True)
     warnings: list[str] = []
     for _attempt in range(32):
-        grammar = llg.LLMatcher.grammar_from_json_schema(g, defaults=opts)
-        is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltok, limits=limits)
+        with engine_guard("compiling a JSON schema"):
+            try:
+                grammar = llg.LLMatcher.grammar_from_json_schema(g, defaults=opts)
+            except (ValueError, TypeError, OverflowError) as e:  # the engine's schema reader
+                raise SchemaError(f"the schema cannot be read by the constrained decoder: {clip(e)}") from None
+            is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltok, limits=limits)
         if not is_err:
             warnings = list(msgs)
             break
-        msg = msgs[0] if msgs else "unknown error"
+        msg = clip(msgs[0] if msgs else "unknown error", 2000)
         if "oneOf constraints are not supported" in msg and not opts.get("coerce_one_of"):
             opts["coerce_one_of"] = True
             semantic.append("oneOf")
@@ -315,13 +397,13 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
                 semantic.extend(removed)
                 continue
         if "Unsatisfiable schema" in msg or "unsatisfiable" in msg.lower():
-            raise SchemaError(f"unsatisfiable schema: {msg}")
+            raise SchemaError(f"unsatisfiable schema: {clip(msg)}")
         if "does not exist" in msg and "Pointer" in msg:
-            raise SchemaError(f"dangling $ref: {msg}", keywords=["$ref"])
+            raise SchemaError(f"dangling $ref: {clip(msg)}", keywords=["$ref"])
         low = msg.lower()
         if any(w in low for w in ("limit", "fuel", "too many", "too complex", "too large", "max_")):
-            raise ConstraintCompileTimeout(f"JSON schema exceeds the compile limits: {msg}")
-        raise SchemaError(f"the schema cannot be compiled to a grammar: {msg}")
+            raise ConstraintCompileTimeout(f"JSON schema exceeds the compile limits: {clip(msg)}")
+        raise SchemaError(f"the schema cannot be compiled to a grammar: {clip(msg)}")
     else:  # pragma: no cover
         raise ConstraintCompileTimeout("schema relaxation did not converge")
     for w in warnings:

@@ -1,31 +1,37 @@
-"""Build (and cache) the llguidance ``LLTokenizer`` for a Hugging Face fast tokenizer.
+"""Build (and cache) the llguidance ``LLTokenizer`` for a Hugging Face tokenizer.
 
-The vocabulary is rebuilt from the raw token bytes:
+A fast tokenizer (``PreTrainedTokenizerFast``, e.g. Gemma 4's ``GemmaTokenizer``) goes through
+``llguidance.hf.from_tokenizer`` itself, so token bytes *and* which ids are special are llguidance's
+own, id for id: only tokens flagged ``special`` in the tokenizer are special (Gemma's ``\n``/``\t``
+runs and HTML-tag pieces are ordinary text that masks allow). Special tokens can never be produced by
+a JSON / regex / choice grammar. Slow (Python) tokenizers fall back to rebuilding the bytes from the
+vocabulary (byte-level BPE or SentencePiece pieces) with the same rule for special ids.
 
-* byte-level BPE (GPT-2 / Qwen / Llama-3 style): each vocab string is mapped back to bytes
-  through the GPT-2 ``bytes_to_unicode`` table;
-* SentencePiece-style BPE (Gemma): ``▁`` -> space and ``<0xNN>`` byte-fallback tokens;
-* anything else falls back to ``llguidance.hf.from_tokenizer`` (the Rust reader of
-  ``tokenizer.json``).
-
-Added / special tokens (pad, bos, ``<start_of_turn>``, image tokens, ...) become llguidance
-*special* tokens (bytes ``b"\\xff" + name``) that no JSON / regex / choice grammar can produce.
-The stop ids (EOS plus ``<end_of_turn>`` when present) are passed as llguidance's EOS set, so
-any of them is accepted wherever EOS is.
+The stop ids (EOS plus ``<turn|>`` / ``<end_of_turn>`` when present, or the runtime's
+``eos_token_id`` list) are passed as llguidance's EOS set, so any of them is accepted wherever EOS is.
+The scan is cached per tokenizer object (and per ``LLTokenizer`` object).
 """
 from __future__ import annotations
 
 import hashlib
 import threading
 import weakref
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Sequence
 
 import llguidance as llg
 from llguidance import TokenizerWrapper
 
+from dgemma_struct.errors import ConstraintError
+
+from .safety import engine_guard
+
 __all__ = ["TokenizerInfo", "get_tokenizer_info", "default_stop_token_ids", "tokenizer_from_tiktoken"]
+
+#: turn-end tokens that also stop an answer when present in the vocabulary (Gemma 4, Gemma 3)
+TURN_END_TOKENS = ("<turn|>", "<end_of_turn>")
 
 
 @lru_cache(maxsize=1)
@@ -51,6 +57,18 @@ class TokenizerInfo:
     stop_token_ids: tuple[int, ...]
     special_token_ids: frozenset[int]  # every special id (including stop ids)
     key: str  # stable cache key (vocab hash + options)
+    hf_tokenizer: Any = field(default=None, compare=False, repr=False)  # for encoding text
+
+    def tokenize(self, text: str) -> list[int]:
+        """Ids of ``text`` with special-token spellings (``"<eos>"``) encoded as ordinary text."""
+        hf = self.hf_tokenizer
+        if hf is not None:
+            try:
+                return list(hf.encode(text, add_special_tokens=False, split_special_tokens=True))
+            except TypeError:  # a tokenizer without split_special_tokens
+                return list(hf.encode(text, add_special_tokens=False))
+        with engine_guard("tokenizing a text"):
+            return self.lltok.tokenize_str(text, parse_special=False)
 
     @property
     def eos_token_id(self) -> int:
@@ -63,6 +81,9 @@ class TokenizerInfo:
 
 
 def default_stop_token_ids(hf_tokenizer: Any) -> list[int]:
+    """The tokenizer's eos id(s), then ``<turn|>`` (Gemma 4) and ``<end_of_turn>`` (Gemma 3) when
+    they are in the vocabulary. A runtime with a generation config passes its own
+    ``eos_token_id`` list instead (e.g. ``[1, 106, 50]``)."""
     ids: list[int] = []
     eos = getattr(hf_tokenizer, "eos_token_id", None)
     if isinstance(eos, int):
@@ -73,20 +94,23 @@ def default_stop_token_ids(hf_tokenizer: Any) -> list[int]:
         vocab = hf_tokenizer.get_vocab()
     except Exception:  # pragma: no cover
         vocab = {}
-    for name in ("<end_of_turn>",):
+    for name in TURN_END_TOKENS:
         tid = vocab.get(name)
         if tid is not None and tid not in ids:
             ids.append(int(tid))
     if not ids:
-        raise ValueError("tokenizer has no eos_token_id; pass stop_token_ids=")
+        raise ConstraintError("tokenizer has no eos_token_id; pass stop_token_ids=")
     return ids
 
 
 def _special_ids(hf_tokenizer: Any) -> set[int]:
+    """Ids flagged special: added tokens with ``special=True`` and the named special tokens (never
+    the ordinary added pieces such as Gemma's ``\n`` runs)."""
     ids: set[int] = set()
     try:
         for tid, tok in hf_tokenizer.added_tokens_decoder.items():
-            ids.add(int(tid))
+            if getattr(tok, "special", True):
+                ids.add(int(tid))
     except Exception:
         pass
     for tid in getattr(hf_tokenizer, "all_special_ids", []) or []:
@@ -155,7 +179,7 @@ class _Wrapper(TokenizerWrapper):
 
 _lock = threading.Lock()
 _by_id: dict[int, tuple[Any, str]] = {}  # id(hf) -> (weakref, vocab hash)
-_infos: dict[tuple, TokenizerInfo] = {}
+_infos: "OrderedDict[tuple, TokenizerInfo]" = OrderedDict()
 
 
 def _vocab_hash(hf_tokenizer: Any) -> str:
@@ -177,6 +201,22 @@ def _vocab_hash(hf_tokenizer: Any) -> str:
     return digest
 
 
+def _is_fast(hf_tokenizer: Any) -> bool:
+    try:
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(hf_tokenizer, PreTrainedTokenizerFast)
+
+
+def _check_stops(stops: tuple[int, ...], n: int) -> None:
+    if not stops:
+        raise ConstraintError("stop_token_ids must not be empty")
+    bad = [t for t in stops if t < 0 or t >= n]
+    if bad:
+        raise ConstraintError(f"stop token id {bad[0]} is outside the vocabulary (0..{n - 1})")
+
+
 def get_tokenizer_info(hf_tokenizer: Any, stop_token_ids: Sequence[int] | None = None,
                        vocab_size: int | None = None) -> TokenizerInfo:
     """Return the (cached) :class:`TokenizerInfo` for ``hf_tokenizer``.
@@ -187,45 +227,77 @@ def get_tokenizer_info(hf_tokenizer: Any, stop_token_ids: Sequence[int] | None =
         return hf_tokenizer
     if isinstance(hf_tokenizer, llg.LLTokenizer):
         return _info_from_lltok(hf_tokenizer, stop_token_ids)
+    if not hasattr(hf_tokenizer, "get_vocab"):
+        raise ConstraintError(f"not a tokenizer: {type(hf_tokenizer).__name__} (pass a Hugging Face tokenizer, "
+                              f"an llguidance.LLTokenizer or a TokenizerInfo)")
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                   or vocab_size <= 0):
+        raise ConstraintError(f"vocab_size must be a positive int, not {vocab_size!r}")
     with _lock:
-        stops = tuple(int(x) for x in (stop_token_ids if stop_token_ids is not None
-                                       else default_stop_token_ids(hf_tokenizer)))
-        if not stops:
-            raise ValueError("stop_token_ids must not be empty")
+        try:
+            stops = tuple(int(x) for x in (stop_token_ids if stop_token_ids is not None
+                                           else default_stop_token_ids(hf_tokenizer)))
+        except (TypeError, ValueError) as e:
+            raise ConstraintError(f"stop_token_ids must be a list of ints: {e}") from None
         vh = _vocab_hash(hf_tokenizer)
         ck = (vh, stops, vocab_size)
         info = _infos.get(ck)
         if info is not None:
+            _infos.move_to_end(ck)
+            if info.hf_tokenizer is not hf_tokenizer:  # an equal tokenizer: encode with this one
+                info = TokenizerInfo(info.lltok, info.vocab_size, info.stop_token_ids, info.special_token_ids,
+                                     info.key, hf_tokenizer)
             return info
-        specials = _special_ids(hf_tokenizer)
-        tokens = _token_bytes(hf_tokenizer, specials)
-        specials |= set(stops)
-        if tokens is not None:
+        n_tok = max(len(hf_tokenizer), max(hf_tokenizer.get_vocab().values(), default=-1) + 1)
+        _check_stops(stops, max(n_tok, vocab_size or 0))
+        if _is_fast(hf_tokenizer):
+            from llguidance.hf import from_tokenizer
+            with engine_guard("reading the tokenizer"):
+                lltok = from_tokenizer(hf_tokenizer, n_vocab=max(vocab_size or 0, n_tok), eos_token=list(stops))
+            specials = {i for i in range(lltok.vocab_size) if lltok.is_special_token(i)} | set(stops)
+        else:
+            specials = _special_ids(hf_tokenizer)
+            tokens = _token_bytes(hf_tokenizer, specials)
+            if tokens is None:
+                raise ConstraintError(f"unsupported tokenizer {type(hf_tokenizer).__name__}: use a fast tokenizer")
+            specials |= set(stops)
             n = len(tokens)
             if vocab_size is not None and vocab_size > n:
                 tokens = tokens + [b"\xff<pad_vocab_%d>" % i for i in range(n, vocab_size)]
                 specials |= set(range(n, vocab_size))
-            lltok = llg.LLTokenizer(_Wrapper(hf_tokenizer, tokens, sorted(specials), stops[0]),
-                                    eos_token=list(stops))
-        else:  # pragma: no cover - exotic tokenizers
-            from llguidance.hf import from_tokenizer
-            lltok = from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=list(stops))
-            specials |= {i for i in range(lltok.vocab_size) if lltok.is_special_token(i)}
+            with engine_guard("reading the tokenizer"):
+                lltok = llg.LLTokenizer(_Wrapper(hf_tokenizer, tokens, sorted(specials), stops[0]),
+                                        eos_token=list(stops))
         info = TokenizerInfo(lltok=lltok, vocab_size=int(lltok.vocab_size), stop_token_ids=stops,
-                             special_token_ids=frozenset(specials), key=f"{vh}:{stops}:{vocab_size}")
-        if len(_infos) > 16:
-            _infos.pop(next(iter(_infos)))
+                             special_token_ids=frozenset(specials), key=f"{vh}:{stops}:{vocab_size}",
+                             hf_tokenizer=hf_tokenizer)
+        if len(_infos) >= 16:
+            _infos.popitem(last=False)
         _infos[ck] = info
         return info
 
 
+_by_lltok: "OrderedDict[tuple, TokenizerInfo]" = OrderedDict()  # (id(lltok), stops) -> info (lltok kept alive)
+
+
 def _info_from_lltok(lltok: Any, stop_token_ids: Sequence[int] | None) -> TokenizerInfo:
     stops = tuple(int(x) for x in (stop_token_ids or lltok.eos_tokens or [lltok.eos_token]))
+    with _lock:
+        ck = (id(lltok), stops)
+        info = _by_lltok.get(ck)
+        if info is not None and info.lltok is lltok:
+            _by_lltok.move_to_end(ck)
+            return info
     if set(stops) != set(lltok.eos_tokens):
-        raise ValueError("for an LLTokenizer, stop_token_ids must equal its eos_tokens")
+        raise ConstraintError("for an LLTokenizer, stop_token_ids must equal its eos_tokens")
     specials = frozenset(i for i in range(lltok.vocab_size) if lltok.is_special_token(i)) | set(stops)
-    return TokenizerInfo(lltok=lltok, vocab_size=int(lltok.vocab_size), stop_token_ids=stops,
+    info = TokenizerInfo(lltok=lltok, vocab_size=int(lltok.vocab_size), stop_token_ids=stops,
                          special_token_ids=frozenset(specials), key=f"lltok:{id(lltok)}:{stops}")
+    with _lock:
+        if len(_by_lltok) >= 16:
+            _by_lltok.popitem(last=False)
+        _by_lltok[ck] = info
+    return info
 
 
 def tokenizer_from_tiktoken(encoding: Any, stop_token_ids: Sequence[int] | None = None) -> TokenizerInfo:

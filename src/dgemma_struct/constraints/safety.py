@@ -1,0 +1,261 @@
+"""Input checks that keep what is known to crash or hang the native engine (llguidance) away from it,
+and a guard that turns a native panic into a typed error.
+
+llguidance is native code: a crash there (SIGSEGV) kills the whole process, so every spec is checked
+*before* any llguidance call. Known hazards (measured in subprocesses, llguidance 1.x):
+
+* integers whose double value is ``-2**63`` (``-9223372036854775808 .. -9223372036854775296``) in
+  ``const`` / ``enum`` segfault the grammar compiler;
+* integers outside the 64-bit range (``>= 2**64`` or ``< -2**63``) anywhere in a schema make
+  llguidance's schema reader raise ``ValueError``;
+* deep nesting overflows recursive walkers (Python's and the engine's);
+* non-integer ``multipleOf`` combined with bounds compiles to a wrong grammar (``multipleOf: 0.1`` in
+  ``[0.25, 0.35]`` accepts nothing).
+
+What the checks do (documented limits, all module constants):
+
+* ``inf`` / ``nan`` anywhere in a schema: :class:`SchemaError` (not JSON);
+* nesting deeper than :data:`MAX_SCHEMA_DEPTH` containers, more than :data:`MAX_SCHEMA_NODES` values,
+  or a cycle (a dict that contains itself): :class:`SchemaError`;
+* "wide" integers (``abs(float(v)) >= 2**63``): kept *out of the grammar* (the keyword holding them is
+  dropped from the grammar copy and enforced by validation, which is exact for Python ints);
+* ``$ref`` cycles that do not consume any input (``{"not": {"$ref": "#"}}``): :class:`SchemaError`,
+  since validating them recurses forever;
+* grammar / regex / choice text larger than :data:`MAX_SPEC_BYTES`: the matching typed error.
+
+:func:`engine_guard` wraps llguidance calls: a ``pyo3_runtime.PanicException`` (a ``BaseException``
+subclass that escapes ``except Exception``) becomes the given typed error;
+``KeyboardInterrupt`` / ``SystemExit`` are never caught.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator, Type
+from urllib.parse import unquote
+
+from dgemma_struct.errors import ConstraintEngineError, DgemmaStructError, SchemaError
+
+__all__ = ["MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "MAX_SPEC_BYTES", "MAX_ERROR_CHARS", "check_schema_input",
+           "is_wide_int", "has_wide_int", "engine_guard", "is_native_panic", "clip", "check_ref_cycles"]
+
+#: most nested containers (dicts / lists) in a schema; JSONSchemaBench's deepest has 63, the engine
+#: refuses about 125 (its JSON reader's recursion limit)
+MAX_SCHEMA_DEPTH = 100
+#: most values (containers and scalars) in a schema; JSONSchemaBench's largest has ~28,500
+MAX_SCHEMA_NODES = 500_000
+#: longest regex / grammar text, and the total size of a choice list (bytes of UTF-8)
+MAX_SPEC_BYTES = 1_000_000
+#: error messages quote at most this many characters of engine / parser text
+MAX_ERROR_CHARS = 600
+
+_WIDE = float(2 ** 63)
+
+
+def clip(text: Any, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` shortened to about ``limit`` characters (the middle elided), so that an error never
+    embeds a whole grammar."""
+    s = str(text)
+    if len(s) <= limit:
+        return s
+    half = limit // 2
+    return f"{s[:half]} … [{len(s) - limit} characters elided] … {s[-half:]}"
+
+
+def is_wide_int(v: Any) -> bool:
+    """An integer llguidance must never see: its double value reaches +-2**63 (or it does not fit)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        return False
+    try:
+        return abs(float(v)) >= _WIDE
+    except OverflowError:
+        return True
+
+
+def has_wide_int(obj: Any) -> bool:
+    """Whether ``obj`` (a JSON value, depth already bounded) holds a wide integer anywhere."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif is_wide_int(x):
+            return True
+    return False
+
+
+def _fmt(path: list) -> str:
+    return "#/" + "/".join(str(p) for p in path) if path else "#"
+
+
+def check_schema_input(schema: Any) -> None:
+    """Raise :class:`SchemaError` for a schema that is not a finite, acyclic JSON value within the
+    documented size and depth limits. Iterative: never recurses, whatever the input."""
+    # (value, depth, path, ancestors-ids) -- ancestors are tracked by an explicit exit marker
+    on_path: set[int] = set()
+    stack: list[tuple] = [(schema, 1, [])]
+    nodes = 0
+    _EXIT = object()
+    while stack:
+        item = stack.pop()
+        if item[0] is _EXIT:
+            on_path.discard(item[1])
+            continue
+        x, depth, path = item
+        nodes += 1
+        if nodes > MAX_SCHEMA_NODES:
+            raise SchemaError(f"schema too large: more than {MAX_SCHEMA_NODES} values")
+        if isinstance(x, (dict, list)):
+            if depth > MAX_SCHEMA_DEPTH:
+                raise SchemaError(f"schema nested too deeply at {clip(_fmt(path), 200)}: more than "
+                                  f"{MAX_SCHEMA_DEPTH} levels of objects/arrays")
+            if id(x) in on_path:
+                raise SchemaError(f"schema contains a cycle at {clip(_fmt(path), 200)} (an object that contains "
+                                  f"itself is not JSON)")
+            on_path.add(id(x))
+            stack.append((_EXIT, id(x)))
+            if isinstance(x, dict):
+                for k, v in x.items():
+                    if not isinstance(k, str):
+                        raise SchemaError(f"schema key {clip(repr(k), 80)} at {clip(_fmt(path), 200)} is not a "
+                                          f"string")
+                    stack.append((v, depth + 1, path + [k]))
+            else:
+                for i, v in enumerate(x):
+                    stack.append((v, depth + 1, path + [i]))
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise SchemaError(f"schema value {x!r} at {clip(_fmt(path), 200)} is not a JSON number "
+                              f"(inf / nan, or a literal beyond the double range such as 1e400)")
+        elif isinstance(x, (str, int, float, bool)) or x is None:
+            continue
+        else:
+            raise SchemaError(f"schema value at {clip(_fmt(path), 200)} is not JSON: {type(x).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------
+# $ref cycles that consume no input
+# ----------------------------------------------------------------------------------------------
+_INPLACE_LIST = ("allOf", "anyOf", "oneOf")
+_INPLACE_ONE = ("not", "if", "then", "else")
+_CHILD_DICT = ("properties", "patternProperties", "$defs", "definitions")
+_CHILD_ONE = ("items", "additionalProperties", "additionalItems", "contains", "propertyNames",
+              "unevaluatedProperties", "unevaluatedItems")
+
+
+def _subschemas(schema: Any) -> Iterator[tuple[tuple, dict]]:
+    """(path, subschema) for every subschema; iterative."""
+    stack: list[tuple[tuple, Any]] = [((), schema)]
+    while stack:
+        path, s = stack.pop()
+        if not isinstance(s, dict):
+            continue
+        yield path, s
+        for kw in _CHILD_DICT + ("dependentSchemas",):
+            v = s.get(kw)
+            if isinstance(v, dict):
+                stack.extend((path + (kw, k), sub) for k, sub in v.items())
+        for kw in _INPLACE_LIST + ("prefixItems",):
+            v = s.get(kw)
+            if isinstance(v, list):
+                stack.extend((path + (kw, i), sub) for i, sub in enumerate(v))
+        for kw in _INPLACE_ONE + _CHILD_ONE:
+            v = s.get(kw)
+            if isinstance(v, dict):
+                stack.append((path + (kw,), v))
+            elif isinstance(v, list) and kw in ("items", "additionalItems"):
+                stack.extend((path + (kw, i), sub) for i, sub in enumerate(v))
+
+
+def _pointer(ref: str) -> tuple | None:
+    frag = ref[1:]
+    if not frag:
+        return ()
+    if not frag.startswith("/"):
+        return None
+    out: list = []
+    for part in frag[1:].split("/"):
+        out.append(unquote(part).replace("~1", "/").replace("~0", "~"))
+    return tuple(out)
+
+
+def check_ref_cycles(schema: Any) -> None:
+    """Raise :class:`SchemaError` when a local ``$ref`` leads back to a schema it is applied from
+    without descending into the instance (through ``allOf``/``anyOf``/``oneOf``/``not``/``if``/
+    ``then``/``else``/``dependentSchemas``/``$ref`` only): such a schema has no finite validation."""
+    if not isinstance(schema, dict):
+        return
+    by_path: dict[tuple, dict] = {}
+    for path, s in _subschemas(schema):
+        by_path[tuple(str(p) for p in path)] = s
+    if any("$id" in s for p, s in by_path.items() if p):  # embedded resources: refs are relative, skip
+        return
+
+    def edges(path: tuple, s: dict) -> Iterator[tuple]:
+        for kw in _INPLACE_LIST:
+            v = s.get(kw)
+            if isinstance(v, list):
+                for i in range(len(v)):
+                    yield path + (kw, str(i))
+        for kw in _INPLACE_ONE:
+            if isinstance(s.get(kw), dict):
+                yield path + (kw,)
+        ds = s.get("dependentSchemas")
+        if isinstance(ds, dict):
+            for k in ds:
+                yield path + ("dependentSchemas", str(k))
+        ref = s.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            tgt = _pointer(ref)
+            if tgt is not None:
+                yield tuple(str(p) for p in tgt)
+
+    WHITE, GREY, BLACK = 0, 1, 2
+    color: dict[tuple, int] = {}
+    for start in by_path:
+        if color.get(start, WHITE) != WHITE:
+            continue
+        color[start] = GREY
+        stack: list[tuple[tuple, Iterator[tuple]]] = [(start, edges(start, by_path[start]))]
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                color[node] = BLACK
+                stack.pop()
+                continue
+            if nxt not in by_path:
+                continue  # dangling refs are reported elsewhere
+            c = color.get(nxt, WHITE)
+            if c == GREY:
+                raise SchemaError(f"$ref cycle that consumes no input at {clip(_fmt(list(node)), 200)} -> "
+                                  f"{clip(_fmt(list(nxt)), 200)}: validation would never end", keywords=["$ref"])
+            if c == WHITE:
+                color[nxt] = GREY
+                stack.append((nxt, edges(nxt, by_path[nxt])))
+
+
+# ----------------------------------------------------------------------------------------------
+# native panics
+# ----------------------------------------------------------------------------------------------
+def is_native_panic(exc: BaseException) -> bool:
+    """A panic raised by Rust code through pyo3 (``pyo3_runtime.PanicException``)."""
+    t = type(exc)
+    return t.__name__ == "PanicException" or t.__module__ == "pyo3_runtime"
+
+
+@contextlib.contextmanager
+def engine_guard(what: str, error: Type[DgemmaStructError] = ConstraintEngineError) -> Iterator[None]:
+    """Run a native-engine call; a native panic becomes ``error`` (message bounded). Ordinary
+    exceptions and ``KeyboardInterrupt``/``SystemExit`` pass through unchanged."""
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except Exception:
+        raise
+    except BaseException as e:  # noqa: B036 - only native panics are converted, re-raised otherwise
+        if not is_native_panic(e):
+            raise
+        raise error(f"the constraint engine failed while {what}: {clip(e, 300)}") from None
