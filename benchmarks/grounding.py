@@ -221,15 +221,12 @@ def screenshot(rt: DiffusionRuntime, png: Path) -> None:
     headless Chromium."""
     from dgemma_struct.api import generate
 
-    doc = ("Order ORD-48213: 3 x monitor at 219.5 dollars each, status shipped.\n"
-           "Buyer: Nina Park (Lisbon), phone 415-555-0199, email nina.park@inbox.dev.")
-    prompt = "Extract the order_id, product, quantity, price, name, phone and email as JSON.\n" + doc
+    doc = "Meet Nina Park, age 34, email nina.park@inbox.dev. Call Nina Park in Lisbon on 415-555-0199."
+    prompt = "Extract the name, age, email, phone and city as JSON.\n" + doc
     schema = {"type": "object", "properties": {
-        "order_id": {"type": "string", "pattern": r"^ORD-\d{5}$"}, "product": {"type": "string"},
-        "quantity": {"type": "integer"}, "price": {"type": "number"}, "name": {"type": "string"},
-        "phone": {"type": "string"}, "email": {"type": "string", "format": "email"}},
-        "required": ["order_id", "product", "quantity", "price", "name", "phone", "email"],
-        "additionalProperties": False}
+        "name": {"type": "string"}, "age": {"type": "integer"}, "email": {"type": "string", "format": "email"},
+        "phone": {"type": "string", "pattern": r"^\d{3}-\d{3}-\d{4}$"}, "city": {"type": "string"}},
+        "required": ["name", "age", "email", "phone", "city"], "additionalProperties": False}
     plain = generate(prompt, schema, runtime=rt, seed=0, max_new_tokens=128)
     res = generate_grounded(prompt, schema, source=doc, ground="all", runtime=rt, seed=0, max_new_tokens=128)
     page = res.to_html(title="grounded extraction (embedded 5M model)").replace(

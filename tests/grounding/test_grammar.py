@@ -251,3 +251,15 @@ def test_html_marks_and_escapes(tok):
     assert "<b>Who</b>" not in page.replace("&lt;b&gt;Who&lt;/b&gt;", "")
     assert page.count("<mark") == 2 and ">who</span>" in page and ">year</span>" in page
     assert "&amp; &quot;Rose&quot;" in page or "&amp; \"Rose\"" in page
+
+
+def test_forced_tokens_stop_before_a_string_value(tok):
+    """The walker forces keys and braces but not the quote that opens a value (see _GroundedWalker)."""
+    c = compile_grounded(Person, tok, source=SRC)
+    w = c.canvas_walker()
+    forced = w.forced_tokens(50)
+    text = c.tokenizer_info.lltok.decode_str(forced)
+    assert text.startswith('{"name') and not text.endswith('"')
+    w.commit(c.tokenize('{"name":"Tara Zhang"'))
+    after = c.tokenizer_info.lltok.decode_str(w.forced_tokens(50))
+    assert after.startswith(',"age') and not after.endswith('"')
