@@ -15,8 +15,10 @@ loops, by ONE worker thread that owns the model. The event loop never runs model
   only the row that caused it fails; errors from native code (``PanicException`` is a
   ``BaseException``) become a typed :class:`~dgemma_struct.errors.ConstraintEngineError`. The
   worker catches everything: a failing batch fails its own requests, never the thread.
-* ``seed=None`` rows share a batch and one fresh random seed per batch; rows with a seed are
-  grouped by it (reproducible for a given batch composition).
+* Seeds: every row has its own seed and generator (``generate_batch(seed=[...])``), so a row's
+  output does not depend on its batch-mates; ``seed=None`` is a fresh random seed per row. (With
+  an API that takes one seed per call, rows are grouped by seed instead, and ``None`` rows share
+  one fresh seed per batch.)
 
 Example::
 
@@ -57,6 +59,14 @@ def _accepts(fn: Any, name: str) -> bool:
     try:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
+        return False
+
+
+def _per_row_seeds(fn: Any) -> bool:
+    """Whether ``fn``'s ``seed`` takes one seed per row (every row then has its own generator)."""
+    try:
+        return "Sequence" in str(inspect.signature(fn).parameters["seed"].annotation)
+    except (TypeError, ValueError, KeyError):
         return False
 
 
@@ -282,8 +292,10 @@ class Batcher:
                 streams = [j for j in live if j.streaming]
                 rows = [j for j in live if not j.streaming]
                 groups: dict[tuple, list[Job]] = {}
+                per_row = _per_row_seeds(api.generate_batch) and _per_row_seeds(self.runtime.generate_ids)
                 for j in rows:
-                    groups.setdefault((j.max_new_tokens, j.seed, j.spec is None, j.sampling), []).append(j)
+                    key = (j.max_new_tokens, j.spec is None, j.sampling) + (() if per_row else (j.seed,))
+                    groups.setdefault(key, []).append(j)
                 for group in groups.values():
                     self._run_group(group)
                 for j in streams:
@@ -312,7 +324,10 @@ class Batcher:
             self.counters["largest_batch"] = max(self.counters["largest_batch"], len(group))
         timeout = max(0.001, max(j.deadline for j in group) - time.monotonic())
         first = group[0]
-        seed = first.seed if first.seed is not None else secrets.randbits(62)
+        if _per_row_seeds(api.generate_batch) and _per_row_seeds(self.runtime.generate_ids):
+            seed: Any = [j.seed if j.seed is not None else secrets.randbits(62) for j in group]
+        else:
+            seed = first.seed if first.seed is not None else secrets.randbits(62)
         try:
             if first.spec is None:
                 results = self._free_text(group, seed)
@@ -341,7 +356,7 @@ class Batcher:
             else:
                 job.resolve(res if not isinstance(res, BaseException) else _typed(res, job))
 
-    def _free_text(self, group: list[Job], seed: int) -> list[Any]:
+    def _free_text(self, group: list[Job], seed: Any) -> list[Any]:
         """Unconstrained rows (``response_format`` ``text``), capped at ``max_new_tokens``."""
         rt = self.runtime
         out: list[Any] = [None] * len(group)
@@ -354,6 +369,8 @@ class Batcher:
             except DgemmaStructError as err:
                 out[i] = err
         if encoded:
+            if isinstance(seed, list):
+                seed = [seed[i] for i, _ in encoded]
             kw: dict[str, Any] = {}
             first = group[0]
             temp = first.temperature
@@ -382,11 +399,14 @@ class Batcher:
         timeout = max(0.001, job.deadline - time.monotonic())
         seed = job.seed if job.seed is not None else secrets.randbits(62)
         try:
+            kw = {k: v for k, v in (("temperature", job.temperature), ("top_p", job.top_p)) if v is not None}
             if job.spec is None:
-                gen = self.runtime.stream(job.prompt, max_new_tokens=job.max_new_tokens, seed=seed)
+                kw = {k: v for k, v in kw.items() if _accepts(self.runtime.stream, k)}
+                gen = self.runtime.stream(job.prompt, max_new_tokens=job.max_new_tokens, seed=seed, **kw)
             else:
+                kw = {k: v for k, v in kw.items() if _accepts(api.stream, k)}
                 gen = api.stream(job.prompt, job.spec, runtime=self.runtime, max_new_tokens=job.max_new_tokens,
-                                 seed=seed, timeout_s=timeout)
+                                 seed=seed, timeout_s=timeout, **kw)
             try:
                 for ev in gen:
                     if job.cancelled:
