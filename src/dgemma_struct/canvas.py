@@ -15,7 +15,7 @@ import torch
 
 from dgemma_struct.hooks import StepHook, StepView
 from dgemma_struct.sampler import (DiffusionSettings, StableAndConfident, entropy_bound_accept,
-                                   random_canvas, sample_rows, sample_tokens, step_entropy, temperature,
+                                   random_canvas, sample_rows, sample_tokens, step_entropy, step_entropy_at, temperature,
                                    top_p_filter)
 
 
@@ -160,7 +160,10 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 hook_s += time.perf_counter() - t0
 
             # one entropy per step, shared by the acceptance rule and the stopping rule
-            entropy = step_entropy(logits)  # NaN-free: an emptied position becomes uniform
+            if hook is not None:  # frozen positions (one-hot: entropy 0) and stopped rows need none
+                entropy = step_entropy_at(logits, active[:, None] & ~frozen)
+            else:  # NaN-free: an emptied position becomes uniform
+                entropy = step_entropy(logits)
             accept = entropy_bound_accept(logits, settings.entropy_bound, entropy=entropy)
             if new_argmax is None:
                 new_argmax = torch.argmax(logits, dim=-1)

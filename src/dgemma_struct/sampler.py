@@ -91,6 +91,24 @@ def step_entropy(logits: torch.Tensor) -> torch.Tensor:
     return ent
 
 
+def step_entropy_at(logits: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
+    """:func:`step_entropy` computed only at the positions ``need`` (bool ``[B, L]``); 0 elsewhere.
+    For a frozen (one-hot) position 0 is exactly what the full computation gives, so the constrained
+    loop skips frozen positions and rows that stopped denoising without changing any decision."""
+    if bool(need.all()):
+        return step_entropy(logits)
+    ent = torch.zeros(need.shape, dtype=logits.dtype, device=logits.device)
+    if bool(need.any()):
+        sub = logits[need]
+        e, dead = _entropy(sub)
+        if dead.any():
+            idx = need.nonzero()[dead]
+            logits[idx[:, 0], idx[:, 1]] = 0.0
+            e = torch.where(dead, torch.full_like(e, math.log(logits.shape[-1])), e)
+        ent[need] = e
+    return ent
+
+
 def dead_positions(logits: torch.Tensor) -> torch.Tensor:
     """``[...]`` bool: positions where no token has a finite logit (an empty allowed set)."""
     return torch.isneginf(logits.amax(dim=-1))
