@@ -93,6 +93,13 @@ class ConstraintEngineError(DgemmaStructError):
     syntax; the message says what happened."""
 
 
+
+class ConstraintLimitError(ConstraintEngineError, ConstraintCompileTimeout):
+    """The native engine hit one of its limits on this constraint while masking (items per parser
+    row, lexer fuel): the spec is too complex for it (e.g. 1,000 optional properties). Both an
+    engine error and a :class:`ConstraintCompileTimeout` (a :class:`ConstraintError`)."""
+
+
 __all__ = [name for name in dir() if name.endswith(("Error", "Failed", "Timeout"))]
 
 
@@ -105,6 +112,13 @@ class GroundingError(ConstraintError):
     def __init__(self, message: str, *, path: tuple = ()):
         super().__init__(message)
         self.path = tuple(path)
+
+
+
+class ConstraintLimitError(ConstraintEngineError, ConstraintCompileTimeout):
+    """The native engine hit one of its limits on this constraint while masking (items per parser
+    row, lexer fuel): the spec is too complex for it (e.g. 1,000 optional properties). Both an
+    engine error and a :class:`ConstraintCompileTimeout` (a :class:`ConstraintError`)."""
 
 
 __all__ = [name for name in dir() if name.endswith(("Error", "Failed", "Timeout"))]

@@ -214,3 +214,43 @@ def test_every_error_is_typed(hf_tok):
             compile_constraint(s, tokenizer=hf_tok)
     with pytest.raises(ConstraintError):
         compile_constraint({"type": "string"}, tokenizer=object())
+
+
+# -- matcher error state (issue #15.3): the walker never returns an all-zero row ------------------
+from dgemma_struct.constraints import bitmask_to_bool  # noqa: E402
+from dgemma_struct.errors import ConstraintCompileTimeout, ConstraintLimitError  # noqa: E402
+import numpy as np  # noqa: E402
+
+DEAD_ENDS = {
+    "only_infinite_objects": {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    "only_infinite_arrays": {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+    "1000_optional_properties": {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1000)}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEAD_ENDS))
+def test_dead_end_masks_are_typed_errors(hf_tok, name):
+    c = compile_constraint(DEAD_ENDS[name], tokenizer=hf_tok)
+    w = c.canvas_walker()
+    toks: list[int] = []
+    with pytest.raises(ConstraintEngineError) as ei:
+        for _ in range(40):
+            r = w.walk(toks)
+            row = bitmask_to_bool(r.bitmasks[r.n_valid][None], c.vocab_size)[0]
+            assert row.any(), "the walker returned an all-zero mask row"
+            toks.append(int(np.flatnonzero(row)[0]))
+    assert isinstance(ei.value, ConstraintLimitError) and isinstance(ei.value, ConstraintCompileTimeout)
+    assert "no token is allowed" in str(ei.value)
+    # the walker is still usable: the empty draft's mask is valid
+    assert w.walk([]).bitmasks[0].any()
+
+
+def test_walker_matcher_error_state_is_engine_error(hf_tok):
+    c = compile_constraint({"type": "integer"}, tokenizer=hf_tok)
+    w = c.canvas_walker()
+    w._work.consume_tokens(c.tokenize('"x"'))  # the engine's matcher driven into its error state
+    assert w._work.is_error()
+    with pytest.raises(ConstraintEngineError, match="error state"):
+        w.walk(c.tokenize("12"))
+    r = w.walk(c.tokenize("12"))  # reset after the fault: walking works again
+    assert r.n_valid == len(c.tokenize("12"))

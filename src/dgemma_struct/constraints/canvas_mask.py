@@ -9,6 +9,12 @@ are reused across calls up to the first position whose token changed.
 
 Bitmask layout: int32 words, ``ceil(V/32)`` per row, token ``t`` allowed iff
 ``(row[t >> 5] >> (t & 31)) & 1`` (llguidance / vLLM / SGLang layout).
+
+Engine faults are never silent: a matcher in its error state, a ``consume_tokens`` that refuses
+tokens its own mask allowed, or an **all-zero mask row** (no token at all allowed at a position, e.g.
+a lexer limit hit deep in a huge schema) raise :class:`~dgemma_struct.errors.ConstraintEngineError`
+from :meth:`CanvasWalker.walk` / :meth:`CanvasWalker.commit` -- a walk never returns a row without an
+allowed token, so no caller ever samples from an empty mask (NaN).
 """
 from __future__ import annotations
 
@@ -17,7 +23,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 import llguidance as llg
 import numpy as np
 
-from dgemma_struct.errors import ConstraintError
+from dgemma_struct.errors import ConstraintEngineError, ConstraintError, ConstraintLimitError
+
+from .safety import clip, engine_guard
 
 if TYPE_CHECKING:  # pragma: no cover
     from .compile import Constraint
@@ -172,10 +180,10 @@ class CanvasWalker:
         ok = self._frozen.consume_tokens(body) if body else True
         if ok and cut is not None:
             ok = self._frozen.consume_token(toks[-1])
-        if not ok:
+        if not ok:  # validate_tokens accepted them: the engine is at fault
             err = self._frozen.get_error()
             self._rebuild(self.frozen_tokens)  # leave the state unchanged
-            raise ConstraintError(f"commit failed: {err}")
+            raise ConstraintEngineError(f"the matcher refused tokens it had validated: {clip(err)}")
         self.frozen_tokens.extend(toks)
         if cut is not None:
             self._frozen_eos = True
@@ -192,7 +200,7 @@ class CanvasWalker:
     def _rebuild(self, tokens: list[int]) -> None:
         m = self.constraint.new_matcher()
         if tokens and not m.consume_tokens(tokens):  # pragma: no cover - tokens were valid before
-            raise ConstraintError(f"rebuild failed: {m.get_error()}")
+            raise ConstraintEngineError(f"rebuilding the matcher failed: {clip(m.get_error())}")
         self._frozen = m
         self.frozen_tokens = list(tokens)
         self._frozen_eos = bool(tokens) and tokens[-1] in self._stops
@@ -227,8 +235,26 @@ class CanvasWalker:
     def _allows(self, row: np.ndarray, t: int) -> bool:
         return bool((int(row[t >> 5]) >> (t & 31)) & 1)
 
+    def _engine_fault(self, what: str, m: Any = None) -> ConstraintEngineError:
+        """The error to raise (the work matcher is reset): :class:`ConstraintLimitError` when the
+        engine reports one of its limits, else :class:`ConstraintEngineError`."""
+        m = self._work if m is None else m
+        err = m.get_error() if m.is_error() else ""
+        self._reset_work()
+        low = err.lower()
+        cls = ConstraintLimitError if any(w in low for w in ("limit", "max is", "too many", "fuel")) else \
+            ConstraintEngineError
+        return cls(f"{what}" + (f": {clip(err)}" if err else ""))
+
     def walk(self, draft: Sequence[int]) -> WalkResult:
-        """Check ``draft`` (the tokens at positions ``frontier, frontier+1, ...``)."""
+        """Check ``draft`` (the tokens at positions ``frontier, frontier+1, ...``).
+
+        Raises :class:`ConstraintEngineError` when the matcher is in its error state, refuses
+        tokens its mask allowed, or a mask row allows no token at all (never a silent zero row)."""
+        with engine_guard("computing canvas masks"):
+            return self._walk(draft)
+
+    def _walk(self, draft: Sequence[int]) -> WalkResult:
         if hasattr(draft, "tolist"):
             draft = draft.tolist()
         draft = list(draft)
@@ -263,6 +289,8 @@ class CanvasWalker:
         if self._path_eos:  # draft repeats the cached path ending in a stop token
             return WalkResult(p, self._view(p), True, True)
 
+        if self._work.is_error():
+            raise self._engine_fault(f"the matcher is in its error state at position {self.frontier + p}")
         rest = draft[p:]
         if rest:
             # one native call: row p (mask before rest[0]) and one row after each valid token
@@ -289,13 +317,26 @@ class CanvasWalker:
                         stopped = True
                         break
         n_valid = p + n_ok
+        # every row this call computed must allow something: an empty row is an engine fault / dead end
+        last = n_valid - 1 if stopped else n_valid
+        if last >= p:
+            empty = np.flatnonzero(~buf[base + p: base + last + 1].any(axis=1))
+            if empty.size:
+                pos = self.frontier + p + int(empty[0])
+                raise self._engine_fault(
+                    f"no token is allowed at position {pos} (an all-zero mask: the constraint cannot be "
+                    f"continued here; engine limit or a grammar without finite completion)")
+        ok = True
         if stopped:
             if n_ok - 1:
-                self._work.consume_tokens(rest[: n_ok - 1])
+                ok = self._work.consume_tokens(rest[: n_ok - 1])
             buf[base + n_valid] = self._stop_row
             self._path_eos = True
         elif n_ok:
-            self._work.consume_tokens(rest[:n_ok])
+            ok = self._work.consume_tokens(rest[:n_ok])
+        if not ok:
+            raise self._engine_fault(f"the matcher refused draft tokens its own mask allowed "
+                                     f"(positions {self.frontier + p}..{self.frontier + n_valid})")
         path.extend(rest[:n_ok])
         self._nrows = n_valid + 1
         accepting = stopped or bool((buf[base + n_valid] & self._stop_row).any())
@@ -377,7 +418,7 @@ class CanvasWalker:
                     pick = int(allowed[0])
                 picks = [pick]
             if not m.consume_tokens(picks):  # pragma: no cover - the picks were allowed
-                return None
+                raise ConstraintEngineError(f"the matcher refused closing tokens it allowed: {clip(m.get_error())}")
             plan.extend(picks)
             in_str, esc = _json_string_state(tok.decode_bytes(picks), in_str, esc)
         return None
