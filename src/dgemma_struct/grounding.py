@@ -51,7 +51,8 @@ from typing import Any, Iterable, Sequence
 import llguidance as llg
 
 from dgemma_struct.constraints.canvas_mask import CanvasWalker
-from dgemma_struct.constraints.compile import Constraint, ValidationIssue, ValidationOutcome, _limits
+from dgemma_struct.constraints.compile import Constraint, ValidationIssue, ValidationOutcome
+from dgemma_struct.constraints.safety import clip, engine_guard
 from dgemma_struct.constraints.json_schema import iter_issues, json_options, make_validator, prepare_json_schema
 from dgemma_struct.constraints.tokenizer import get_tokenizer_info
 from dgemma_struct.errors import (DgemmaStructError, GroundingError, InvalidRequestError, PromptTooLongError,
@@ -69,6 +70,18 @@ GROUND_LEVELS = (None, "strings", "numbers", "all")
 MAX_CANDIDATES = 4000
 MAX_SPAN_CHUNKS = 64          # longest candidate span, in chunks (words mode) or characters (chars mode)
 MAX_CANDIDATE_CHECKS = 200_000
+# The plain path's limits, but without precomputing large lexemes and with more lexer fuel per step:
+# the span lexeme of a 2,000-word source exhausts the initial lexer fuel when precomputed (0.2 s,
+# then an error) and compiles in 0.03 s when it is not; its first mask after ``{"name":"`` then
+# needs more than the default 200k step fuel ("too many expressions constructed"), ~10 ms with 10M.
+_LIMITS_KW = dict(max_grammar_size=500_000, initial_lexer_fuel=2_000_000, max_lexer_states=250_000,
+                  precompute_large_lexemes=False, step_lexer_fuel=10_000_000)
+
+
+def _limits() -> Any:
+    return llg.LLParserLimits(**_LIMITS_KW)
+
+
 _STRING_KWS = ("pattern", "format", "enum", "const", "minLength", "maxLength")
 # Spans offered for a field with a ``format`` must also match these shapes (stricter than jsonschema's
 # own checks, e.g. its email check is only "contains @"): a narrower grammar is still sound, and it
@@ -647,6 +660,12 @@ class _GrammarBuilder:
                         out.append(v)
                 return list(dict.fromkeys(out))
         shape = _FORMAT_SHAPES.get(check.get("format")) if isinstance(check.get("format"), str) else None
+        pre = None  # a cheap Python-regex prefilter; the validator still decides
+        if isinstance(check.get("pattern"), str):
+            try:
+                pre = re.compile(check["pattern"])
+            except re.error:
+                pre = None
         seen: dict[str, None] = {}
         checks = 0
         for doc in self.docs:
@@ -668,6 +687,8 @@ class _GrammarBuilder:
                     if checks > MAX_CANDIDATE_CHECKS:
                         return None
                     if shape is not None and not shape.fullmatch(cand):
+                        continue
+                    if pre is not None and not pre.search(cand):
                         continue
                     if validator.is_valid(cand):
                         seen[cand] = None
@@ -742,9 +763,18 @@ class GroundedConstraint(Constraint):
     def __init__(self, grammar: str, info: Any, *, schema: Any, sources: tuple[str, ...], ground: str | None,
                  granularity: str, semantic_keywords: Sequence[str] = (), pydantic_adapter: Any = None,
                  lark: str = "", n_grounded: int = 0):
-        super().__init__("json", grammar, info, schema=schema, semantic_keywords=semantic_keywords,
+        # the base class compiles with the plain path's limits; compile a trivial grammar there and
+        # the real one here, with large lexemes not precomputed (see _LIMITS_KW)
+        super().__init__("json", _trivial_grammar(), info, schema=schema, semantic_keywords=semantic_keywords,
                          validator=make_validator(_strip_markers(schema)), pydantic_adapter=pydantic_adapter,
                          description=f"grounded json ({n_grounded} grounded fields, {len(sources)} documents)")
+        with engine_guard("compiling the grounded constraint"):
+            template = llg.LLMatcher(info.lltok, grammar, log_level=0, limits=_limits())
+            err = template.get_error() if template.is_error() else ""
+        if err:
+            raise _compile_error(err)
+        self._template = template
+        self.grammar = grammar
         self.sources = sources
         self.ground = ground
         self.granularity = granularity
@@ -848,6 +878,24 @@ class _GroundedWalker(CanvasWalker):
         return out
 
 
+_TRIVIAL: list = []
+
+
+def _trivial_grammar() -> str:
+    if not _TRIVIAL:
+        _TRIVIAL.append(llg.LLMatcher.grammar_from_lark('start: "{}"'))
+    return _TRIVIAL[0]
+
+
+def _compile_error(err: str) -> DgemmaStructError:
+    from dgemma_struct.errors import ConstraintCompileTimeout
+    low = err.lower()
+    if any(w in low for w in ("limit", "fuel", "too many", "too complex", "too large")):
+        return ConstraintCompileTimeout(f"the grounded grammar exceeds the compile limits (source too large?): "
+                                        f"{clip(err)}")
+    return SchemaError(f"cannot compile the grounded grammar: {clip(err)}")
+
+
 def _schema_of(schema: Any) -> tuple[Any, Any]:
     """-> (JSON Schema dict, pydantic TypeAdapter or None)."""
     from dgemma_struct.constraints.specs import JsonSchema
@@ -911,15 +959,8 @@ def compile_grounded(schema: Any, tokenizer: Any, *, source: str | Sequence[str]
     plan = prepare_json_schema(_strip_markers(js), info.lltok, strict=strict, limits=_limits())
     builder = _GrammarBuilder(js, docs, ground=ground, granularity=granularity, lltok=info.lltok)
     lark = builder.build()
-    grammar = llg.LLMatcher.grammar_from_lark(lark)
-    err = llg.LLMatcher.validate_grammar(grammar, info.lltok, limits=_limits())
-    if err:
-        from dgemma_struct.errors import ConstraintCompileTimeout
-        low = err.lower()
-        if any(w in low for w in ("limit", "fuel", "too many", "too complex", "too large")):
-            raise ConstraintCompileTimeout(f"the grounded grammar exceeds the compile limits (source too large?): "
-                                           f"{err.strip()}")
-        raise SchemaError(f"cannot compile the grounded grammar: {err.strip()}")
+    with engine_guard("building the grounded grammar"):
+        grammar = llg.LLMatcher.grammar_from_lark(lark)
     c = GroundedConstraint(grammar, info, schema=js, sources=docs, ground=ground, granularity=granularity,
                            semantic_keywords=plan.semantic_keywords, pydantic_adapter=adapter, lark=lark,
                            n_grounded=builder.grounded_count)

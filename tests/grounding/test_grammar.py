@@ -263,3 +263,22 @@ def test_forced_tokens_stop_before_a_string_value(tok):
     w.commit(c.tokenize('{"name":"Tara Zhang"'))
     after = c.tokenizer_info.lltok.decode_str(w.forced_tokens(50))
     assert after.startswith(',"age') and not after.endswith('"')
+
+
+def test_long_source_compiles_and_masks(tok):
+    """A ~2,000-word source: compiles (large lexemes are not precomputed) and its first masks are
+    computed without the lexer running out of fuel."""
+    from dgemma_struct.training.corpus import make_corpus
+    sents = [e["prompt"].split("\n")[-1] for e in make_corpus(400, seed=5) if e["kind"] == "json"]
+    src = " ".join(sents)[:14000]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    c = compile_grounded(schema, tok, source=src, ground="all", use_cache=False)
+    m = c.new_matcher()
+    assert m.consume_tokens(m.compute_ff_tokens())
+    allowed = np.frombuffer(m.compute_logit_bias(), dtype=np.uint8)
+    assert not m.is_error(), m.get_error()
+    assert allowed.sum() > 50 * 200  # many span starts, not only a stop token
+    name = src.split()[7]
+    age = next(lit.literal for lit, _, _ in source_numbers(src) if lit.is_int)
+    assert c.grammar_accepts(f'{{"name":"{name}","age":{age}}}')
