@@ -38,13 +38,17 @@ from typing import Any, Callable
 
 from dgemma_struct import errors as E
 
-__all__ = ["CompilePool", "CompileCrashed", "spec_key"]
+__all__ = ["CompilePool", "CompileCrashed", "PoolUnavailable", "spec_key"]
 
 _MAX_MESSAGE = 2000
 
 
 class CompileCrashed(E.ConstraintEngineError):
     """The compile worker died (a native crash) while compiling this constraint."""
+
+
+class PoolUnavailable(E.DgemmaStructError):
+    """No compile worker could be started, or the pool is closed (a server fault, not the spec's)."""
 
 
 class _WorkerDied(Exception):
@@ -132,12 +136,12 @@ class _Worker:
         self.tokenizers: set[str] = set()
         if not self.conn.poll(start_timeout_s):
             self.kill()
-            raise E.ConstraintEngineError("the compile worker did not start")
+            raise PoolUnavailable("the compile worker did not start")
         try:
             self.conn.recv()
         except (EOFError, OSError):
             self.kill()
-            raise E.ConstraintEngineError("the compile worker died while starting") from None
+            raise PoolUnavailable("the compile worker died while starting") from None
 
     @property
     def alive(self) -> bool:
@@ -209,6 +213,7 @@ class CompilePool:
         self._closed = False
         self._tok_bytes: dict[int, tuple[Any, str, bytes]] = {}
         self._ok: "OrderedDict[str, None]" = OrderedDict()   # keys of specs whose probe succeeded
+        self._crashed: "OrderedDict[str, str]" = OrderedDict()   # specs that crashed a worker -> message
         self._remember = remember
         self.counters = {"compiles": 0, "crashes": 0, "timeouts": 0, "restarts": 0}
 
@@ -216,7 +221,7 @@ class CompilePool:
     def _take(self) -> _Worker:
         with self._lock:
             if self._closed:
-                raise E.ConstraintEngineError("the compile pool is closed")
+                raise PoolUnavailable("the compile pool is closed")
             while self._idle:
                 w = self._idle.pop()
                 if w.alive:
@@ -242,7 +247,7 @@ class CompilePool:
     def _replenish(self) -> None:
         try:
             self.warm(1)
-        except E.DgemmaStructError:
+        except PoolUnavailable:
             pass
 
     def warm(self, count: int = 1) -> None:
@@ -327,10 +332,19 @@ class CompilePool:
             if key in self._ok:
                 self._ok.move_to_end(key)
                 return
+            if key in self._crashed:   # sent again: answered at once, no worker is sacrificed
+                raise CompileCrashed(self._crashed[key])
         self.counters["compiles"] += 1
         tok_key = self._tok_payload(tokenizer)[0]
-        self.run(_probe, spec, tok_key, list(stop_token_ids), vocab_size, strict, whitespace, timeout_s=timeout_s,
-                 tokenizer=tokenizer)
+        try:
+            self.run(_probe, spec, tok_key, list(stop_token_ids), vocab_size, strict, whitespace,
+                     timeout_s=timeout_s, tokenizer=tokenizer)
+        except CompileCrashed as err:
+            with self._lock:
+                self._crashed[key] = str(err)
+                while len(self._crashed) > self._remember:
+                    self._crashed.popitem(last=False)
+            raise
         with self._lock:
             self._ok[key] = None
             while len(self._ok) > self._remember:

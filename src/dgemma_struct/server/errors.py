@@ -11,7 +11,7 @@ from typing import Any
 
 from dgemma_struct import errors as E
 
-from .compile_pool import CompileCrashed
+from .compile_pool import CompileCrashed, PoolUnavailable
 
 MAX_MESSAGE_CHARS = 1000
 
@@ -81,6 +81,7 @@ _TABLE: list[tuple[type, int, str, str]] = [
     (E.GenerationFailed, 422, "generation_error", "generation_failed"),
     (E.GenerationTimeout, 504, "timeout_error", "timeout"),
     (E.ModelLoadError, 503, "server_error", "model_unavailable"),
+    (PoolUnavailable, 503, "server_error", "unavailable"),
 ]
 
 
