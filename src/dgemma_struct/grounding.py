@@ -60,7 +60,7 @@ from dgemma_struct.errors import (DgemmaStructError, GroundingError, InvalidRequ
 
 __all__ = ["Grounded", "GroundedSpan", "GroundedResult", "GroundedConstraint", "compile_grounded",
            "generate_grounded", "generate_grounded_batch", "grounded_sources", "has_grounding", "GROUND_KEY",
-           "render_html", "demo"]
+           "render_html", "demo", "grounding_options"]
 
 GROUND_KEY = "x-grounded"
 GRANULARITIES = ("words", "chars")
@@ -1180,3 +1180,28 @@ def demo(runtime: Any = None, *, seed: int = 0, html_path: str | None = None) ->
             f.write(res.to_html(title="dgemma-struct grounded extraction"))
         lines.append(f"  highlighted source: {html_path}")
     return "\n".join(lines)
+
+
+def grounding_options(obj: Any) -> dict:
+    """Validate a server request's grounding extension (``"grounding": {"ground": "strings",
+    "source": "..." | [...], "granularity": "words"}``; ``true`` means ``{"ground": "strings"}``)
+    into keyword arguments of :func:`generate_grounded`. Raises :class:`GroundingError` (a 400)."""
+    if obj is True:
+        return {"ground": "strings"}
+    if not isinstance(obj, dict):
+        raise GroundingError("grounding must be true or an object with ground / source / granularity")
+    unknown = sorted(set(obj) - {"ground", "source", "granularity"})
+    if unknown:
+        raise GroundingError(f"unknown grounding option(s): {', '.join(map(str, unknown))}")
+    out: dict = {}
+    if obj.get("ground") is not None:
+        if obj["ground"] not in GROUND_LEVELS:
+            raise GroundingError(f"grounding.ground must be one of {GROUND_LEVELS[1:]}, not {obj['ground']!r}")
+        out["ground"] = obj["ground"]
+    if obj.get("granularity") is not None:
+        if obj["granularity"] not in GRANULARITIES:
+            raise GroundingError(f"grounding.granularity must be one of {GRANULARITIES}")
+        out["granularity"] = obj["granularity"]
+    if obj.get("source") is not None:
+        out["source"] = grounded_sources(None, obj["source"])
+    return out

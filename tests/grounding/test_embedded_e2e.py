@@ -89,3 +89,12 @@ def test_bad_input(rt):
         max_new_tokens=16)
     assert isinstance(out[0], GroundedResult) and out[0].value["n"] == 42
     assert isinstance(out[1], GroundingError)
+
+
+def test_demo_text_and_html(rt, tmp_path):
+    from dgemma_struct.grounding import DEMO_PROMPT, demo
+    out = demo(rt, html_path=str(tmp_path / "g.html"))
+    assert out.count("grounded:") == 2 and out.count("constrained:") == 2 and "/age@" in out
+    page = (tmp_path / "g.html").read_text()
+    assert page.startswith("<!doctype html>") and "<mark" in page and "Tara Zhang" in page
+    assert DEMO_PROMPT.split("\n")[1][:10] in page

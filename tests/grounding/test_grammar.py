@@ -282,3 +282,14 @@ def test_long_source_compiles_and_masks(tok):
     name = src.split()[7]
     age = next(lit.literal for lit, _, _ in source_numbers(src) if lit.is_int)
     assert c.grammar_accepts(f'{{"name":"{name}","age":{age}}}')
+
+
+def test_server_grounding_options():
+    from dgemma_struct.grounding import grounding_options
+    assert grounding_options(True) == {"ground": "strings"}
+    assert grounding_options({"ground": "all", "source": ["a b"], "granularity": "chars"}) == {
+        "ground": "all", "source": ("a b",), "granularity": "chars"}
+    for bad in [False, "yes", {"ground": "words"}, {"sauce": "x"}, {"source": ""}, {"source": [1]},
+                {"granularity": "lines"}]:
+        with pytest.raises(GroundingError):
+            grounding_options(bad)
