@@ -24,7 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER = ROOT.parent / "shared" / "data" / "gemma4-tokenizer"
+TOKENIZER = next((p for p in (ROOT.parent / "shared" / "data" / "gemma4-tokenizer",
+                               Path("/work/shared/data/gemma4-tokenizer")) if p.is_dir()),
+                 ROOT.parent / "shared" / "data" / "gemma4-tokenizer")
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"},
                                            "age": {"type": "integer"}},
           "required": ["name", "city", "age"], "additionalProperties": False}
