@@ -107,6 +107,61 @@ def held_out(n: int) -> list[dict]:
     return out
 
 
+JSB_FILE = "Glaiveai2K.jsonl.gz"
+
+
+def jsb_examples(n: int, seed: int = 0) -> list[dict]:
+    """JSONSchemaBench-style prompts with a pasted document: flat Glaiveai2K schemas (2-5 required
+    string / integer / number properties, no enum / format / pattern), a valid instance drawn from
+    the corpus vocabulary, and a "key: value" document that states it."""
+    import gzip
+    import random
+
+    from dgemma_struct.training import corpus as cp
+
+    path = None
+    for base in (ROOT.parent / "shared" / "data" / "jsonschemabench", ROOT / "tests" / "data" / "jsonschemabench"):
+        if (base / JSB_FILE).exists():
+            path = base / JSB_FILE
+            break
+    if path is None:
+        return []
+    r = random.Random(seed)
+    pool = {"date": lambda: cp._date(r)[0], "destination": lambda: r.choice(cp.CITIES),
+            "origin": lambda: r.choice(cp.CITIES), "departure": lambda: r.choice(cp.CITIES),
+            "number": lambda: f"{r.choice('ABCDEFGH')}{r.randrange(100, 999)}",
+            "name": lambda: " ".join(cp._name(r)), "city": lambda: r.choice(cp.CITIES),
+            "location": lambda: r.choice(cp.CITIES), "country": lambda: r.choice(list(cp.COUNTRIES.values())),
+            "email": lambda: cp._email(r, *cp._name(r)), "phone": lambda: cp._phone(r)}
+    words = cp.PRODUCTS + cp.JOBS + cp.SKILLS + cp.EVENTS
+    out = []
+    for line in gzip.open(path, "rt"):
+        row = json.loads(line)
+        sch = row["schema"]
+        props = sch.get("properties") if isinstance(sch, dict) else None
+        if not isinstance(props, dict) or not 2 <= len(props) <= 5 or set(sch.get("required", [])) != set(props):
+            continue
+        if any(not isinstance(v, dict) or v.get("type") not in ("string", "integer", "number") or
+               set(v) - {"type", "description", "title"} for v in props.values()):
+            continue
+        inst: dict = {}
+        for k, v in props.items():
+            if v["type"] == "integer":
+                inst[k] = r.randrange(2, 500)
+            elif v["type"] == "number":
+                inst[k] = round(r.uniform(1, 900), 1)
+            else:
+                gen = next((g for key, g in pool.items() if key in k.lower()), None)
+                inst[k] = gen() if gen else r.choice(words)
+        doc = "\n".join(f"{k.replace('_', ' ')}: {v}" for k, v in inst.items())
+        schema = {**{k: v for k, v in sch.items() if k != "$schema"}, "additionalProperties": False}
+        out.append({"family": "jsb", "prompt": f"Extract the {cp._keys_phrase(list(props))} as JSON.\n{doc}",
+                    "schema": schema, "fields": inst, "kind": "json"})
+        if len(out) >= n:
+            break
+    return out
+
+
 def field_accuracy(value: Any, fields: dict) -> float:
     if not isinstance(value, dict):
         return 0.0
@@ -255,13 +310,14 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/grounding_results")
     ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "grounding_accuracy.png"))
     ap.add_argument("--screenshot", action="store_true", help="only render docs/img/grounding.png")
+    ap.add_argument("--jsb", type=int, default=0, help="instead: N JSONSchemaBench-style prompts with a document")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rt = DiffusionRuntime.default()
     if args.screenshot:
         screenshot(rt, ROOT / "docs" / "img" / "grounding.png")
         return
-    examples = held_out(args.n)
+    examples = jsb_examples(args.jsb) if args.jsb else held_out(args.n)
     report: dict = {"n": len(examples), "max_new_tokens": args.max_new_tokens, "batch": args.batch,
                     "machine": f"{platform.machine()} CPU, torch {torch.__version__}, 1 thread",
                     "families": sorted({e["family"] for e in examples}), "arms": {}, "by_family": {}}
