@@ -80,6 +80,42 @@ def check_max_new_tokens(max_new_tokens: Any) -> None:
         raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
 
 
+def _check_text(value: Any, what: str = "prompt") -> None:
+    """Every string in ``value`` (nested lists/dicts) must be valid Unicode: no lone surrogates."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InvalidRequestError(f"the {what} is not valid Unicode (a lone surrogate at character "
+                                      f"{err.start})") from None
+    elif isinstance(value, dict):
+        for v in value.values():
+            _check_text(v, what)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_text(v, what)
+
+
+def _check_message(m: dict, i: int) -> dict:
+    """A chat message: a string ``role``; ``content`` a string, a list of OpenAI-style text parts
+    (joined), or absent/None (e.g. an assistant turn with tool calls)."""
+    role, content = m.get("role"), m.get("content")
+    if not isinstance(role, str) or not role:
+        raise InvalidRequestError(f"message {i} needs a string 'role'")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise InvalidRequestError(f"message {i}: only text content parts are supported")
+        return {**m, "content": "".join(p["text"] for p in content)}
+    if content is None and "content" in m and not m.get("tool_calls"):
+        raise InvalidRequestError(f"message {i} has no content")
+    if content is not None and not isinstance(content, (str, dict)):
+        raise InvalidRequestError(f"message {i} needs a string 'content', got {type(content).__name__}")
+    if content is None and "content" not in m and not m.get("tool_calls"):
+        raise InvalidRequestError(f"message {i} needs a 'content'")
+    return m
+
+
 class DiffusionRuntime:
     """A loaded DiffusionGemma model plus tokenizer. ``model`` is the transformers
     ``DiffusionGemmaForBlockDiffusion``; ``tokenizer`` the HF tokenizer."""
@@ -154,16 +190,21 @@ class DiffusionRuntime:
         if isinstance(prompt, str):
             messages = [{"role": "user", "content": prompt}]
         elif isinstance(prompt, Sequence) and all(isinstance(m, dict) for m in prompt) and prompt:
-            messages = list(prompt)
+            messages = [_check_message(m, i) for i, m in enumerate(prompt)]
         else:
             raise InvalidRequestError("prompt must be a string or a non-empty list of chat messages")
-        if getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
-        text = "\n".join(m.get("content", "") for m in messages)
-        return self.tokenizer(text)["input_ids"]
+        _check_text(messages)
+        try:
+            if getattr(self.tokenizer, "chat_template", None):
+                ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                         **extra)
+                if hasattr(ids, "keys"):
+                    ids = ids["input_ids"]
+                return list(ids)
+            text = "\n".join(m.get("content") or "" for m in messages)
+            return self.tokenizer(text)["input_ids"]
+        except Exception as err:  # noqa: BLE001 - a template or tokenizer refusing this input
+            raise InvalidRequestError(f"the prompt could not be encoded: {type(err).__name__}: {err}"[:500]) from err
 
     def _batch(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(e) for e in encoded)

@@ -137,3 +137,17 @@ def test_a_hook_that_empties_a_position_never_gives_nan(tiny_model):
         out = diffusion_loop(tiny_model, ids, torch.ones_like(ids), max_new_tokens=16, settings=s,
                              eos_token_ids=[1, 4], pad_token_id=0, hook=Empty(), generators=generators)
         assert out.sequences.shape == (2, 22) and out.sequences.min() >= 0
+
+
+@pytest.mark.parametrize("prompt", ["\ud800 lone surrogate", [{"role": "user", "content": "ok \udfff"}],
+                                    [{"role": "user", "content": 5}], [{"role": "user"}], [{"content": "x"}],
+                                    [{"role": 3, "content": "x"}], ["x"], [],
+                                    [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]])
+def test_bad_prompts_are_typed(runtime, prompt):
+    with pytest.raises(errors.InvalidRequestError):
+        runtime.encode_prompt(prompt)
+
+
+def test_text_content_parts_are_joined(runtime):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}]
+    assert runtime.encode_prompt(parts) == runtime.encode_prompt("hello")
