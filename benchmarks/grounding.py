@@ -50,7 +50,8 @@ import torch  # noqa: E402
 
 from dgemma_struct.api import generate_batch  # noqa: E402
 from dgemma_struct.errors import DgemmaStructError  # noqa: E402
-from dgemma_struct.grounding import GroundedResult, generate_grounded, generate_grounded_batch, source_numbers  # noqa: E402
+from dgemma_struct.grounding import (GroundedResult, generate_grounded, generate_grounded_batch,  # noqa: E402
+                                    source_numbers)
 from dgemma_struct.runtime import DiffusionRuntime  # noqa: E402
 from dgemma_struct.training.corpus import make_corpus  # noqa: E402
 

@@ -45,15 +45,15 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import llguidance as llg
 
 from dgemma_struct.constraints.canvas_mask import CanvasWalker
 from dgemma_struct.constraints.compile import Constraint, ValidationIssue, ValidationOutcome
+from dgemma_struct.constraints.json_schema import json_options, make_validator, prepare_json_schema
 from dgemma_struct.constraints.safety import clip, engine_guard
-from dgemma_struct.constraints.json_schema import iter_issues, json_options, make_validator, prepare_json_schema
 from dgemma_struct.constraints.tokenizer import get_tokenizer_info
 from dgemma_struct.errors import (DgemmaStructError, GroundingError, InvalidRequestError, PromptTooLongError,
                                   SchemaError)
@@ -197,9 +197,10 @@ _LEFT_PUNCT, _RIGHT_PUNCT = ",;:.!?)]}", ",;:([{"
 
 def edge_ok(span: str) -> bool:
     """May a free grounded string be ``span``? Non-empty, no whitespace or control character at
-    either end, not starting with closing punctuation or ending with a separator (``"Klein,"``)."""
+    either end, not starting with closing punctuation or ending with a separator (``"Klein,"``),
+    at least one letter or digit (not a bare ``-``)."""
     return bool(span) and not _bad_edge(span[0]) and not _bad_edge(span[-1]) and \
-        span[0] not in _LEFT_PUNCT and span[-1] not in _RIGHT_PUNCT
+        span[0] not in _LEFT_PUNCT and span[-1] not in _RIGHT_PUNCT and any(c.isalnum() for c in span)
 
 
 def _esc(s: str) -> str:
@@ -640,7 +641,9 @@ class _GrammarBuilder:
                 r"EDGE_PUNCT_R: /[,;:(\[{]/",
             ]
         body = (f"({' | '.join(subs)}) & /(.|\\n)+/ & ~(EDGE_WS EDGE_ANY) & ~(EDGE_ANY EDGE_WS) "
-                f"& ~(EDGE_ESC EDGE_ANY) & ~(EDGE_EVEN EDGE_ESC) & ~(EDGE_PUNCT_L EDGE_ANY) & ~(EDGE_ANY EDGE_PUNCT_R)")
+                f"& ~(EDGE_ESC EDGE_ANY) & ~(EDGE_EVEN EDGE_ESC) "
+                f"& ~(EDGE_PUNCT_L EDGE_ANY) & ~(EDGE_ANY EDGE_PUNCT_R) "
+                f"& /(.|\\n)*[\\p{{L}}\\p{{N}}](.|\\n)*/")
         self.rules.append(f"SPAN_{granularity.upper()}: {body}")
         self.rules.append(f'{name}: "\\"" SPAN_{granularity.upper()} "\\""')
         return name
