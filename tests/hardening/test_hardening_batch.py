@@ -108,3 +108,36 @@ def test_short_requests_behind_a_long_one_do_not_time_out(rt):
         rs = asyncio.run(go())
         for r in rs[1:]:
             assert r.status_code == 200, r.text
+
+
+def _huge_schema(n: int, salt: int) -> dict:
+    return {"type": "object", "required": [f"p{salt}_{i}" for i in range(0, n, 3)],
+            "properties": {f"p{salt}_{i}": {"type": "string", "pattern": f"^[a-z]{{{i % 7 + 1},{i % 7 + 9}}}[0-9]{{2}}$"}
+                           for i in range(n)}}
+
+
+def test_huge_compiles_do_not_fail_other_requests(rt):
+    """The compile DoS of #15.4: slow compiles are killed at their own timeout and never make an
+    innocent request fail (no false constraint_too_complex); a spec compiled before skips the queue."""
+    with running_server(rt, compile_timeout_s=1.0, max_tokens_cap=64) as url:
+        with httpx.Client(base_url=url, timeout=300) as c:
+            warm = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 24, "guided_json": GOOD})
+            assert warm.status_code == 200
+
+        async def go():
+            async with httpx.AsyncClient(base_url=url, timeout=300) as c:
+                huge = [c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 8,
+                                                             "guided_json": _huge_schema(6000, k)}) for k in range(3)]
+                known = [c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 24, "guided_json": GOOD})
+                         for _ in range(3)]
+                new = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 8,
+                                                           "guided_regex": "[a-f]{4}"})
+                return await asyncio.gather(*huge, *known, new)
+        rs = asyncio.run(go())
+        for r in rs[:3]:
+            assert r.status_code in (200, 400), r.text
+            if r.status_code == 400:
+                assert r.json()["error"]["code"] == "constraint_too_complex"
+        for r in rs[3:]:
+            assert r.status_code == 200, r.text
+        assert httpx.get(url + "/health").json()["status"] == "ok"

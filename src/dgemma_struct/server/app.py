@@ -106,6 +106,8 @@ class ServerState:
         # compiles never share an executor with anything else (prompts, generation)
         self.compile_executor = ThreadPoolExecutor(max_workers=config.max_concurrent_compiles,
                                                    thread_name_prefix="dgemma-struct-compile")
+        # specs whose probe succeeded before: compiled (usually a cache hit) without waiting for a slot
+        self.known_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dgemma-struct-compile-known")
         self.pool = (CompilePool(config.max_concurrent_compiles, memory_mb=config.compile_memory_mb or None)
                      if config.isolate_compiles else None)
 
@@ -125,6 +127,7 @@ class ServerState:
         if self.pool is not None:
             self.pool.close()
         self.compile_executor.shutdown(wait=False, cancel_futures=True)
+        self.known_executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ request handling
     def _compile_blocking(self, spec: Any) -> Any:
@@ -142,6 +145,11 @@ class ServerState:
             return None
         loop = asyncio.get_running_loop()
         limit = self.config.compile_timeout_s
+        if self.pool is not None and await loop.run_in_executor(self.known_executor, self.pool.known_ok, spec):
+            try:   # a big compile in progress never holds up a spec that compiled before
+                return await loop.run_in_executor(self.known_executor, constraint_for, spec, self.runtime)
+            except DgemmaStructError as err:
+                raise api_error_for(err, param=param) from None
         async with self.compile_sem:
             try:
                 # the probe enforces the compile timeout itself (it kills the worker); the margin

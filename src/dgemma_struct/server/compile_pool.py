@@ -105,6 +105,14 @@ def _worker_main(conn: Any, memory_mb: int | None) -> None:
             conn.send(("err", type(err).__module__, type(err).__name__, str(err)[:_MAX_MESSAGE]))
 
 
+def _prepare(tok_key: str, stop_token_ids: list[int], vocab_size: int | None) -> bool:
+    """Build the llguidance tokenizer of ``tok_key`` once per worker (not timed as a compile)."""
+    from dgemma_struct.constraints import get_tokenizer_info
+
+    get_tokenizer_info(_TOKENIZERS[tok_key], stop_token_ids, vocab_size)
+    return True
+
+
 def _probe(spec: Any, tok_key: str, stop_token_ids: list[int], vocab_size: int | None, strict: bool,
            whitespace: str) -> int:
     """Compile ``spec`` and compute its first masks; returns the number of forced tokens."""
@@ -283,14 +291,23 @@ class CompilePool:
         return entry[1], entry[2]
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float, tokenizer: Any = None,
-            **kwargs: Any) -> Any:
+            setup: tuple | None = None, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` in a worker (``fn`` and the arguments must pickle). Raises the
-        worker's typed error, :class:`CompileCrashed`, or ``ConstraintCompileTimeout``."""
+        worker's typed error, :class:`CompileCrashed`, or ``ConstraintCompileTimeout``.
+        ``tokenizer`` is sent to a worker once; ``setup`` = ``(fn, args)`` runs first, once per
+        worker and tokenizer, under the start-up timeout (tokenizer set-up is not a compile)."""
         tok = self._tok_payload(tokenizer) if tokenizer is not None else None
         with self._slots:
             w = self._take()
             send_tok = None if tok is None or tok[0] in w.tokenizers else tok
             try:
+                if send_tok is not None and setup is not None:
+                    first = w.call((setup[0], setup[1], {}, send_tok), self.start_timeout_s)
+                    send_tok = None
+                    if first[0] != "ok":
+                        w.tokenizers.add(tok[0])
+                        self._give_back(w)
+                        return self._raise(first)
                 reply = w.call((fn, args, kwargs, send_tok), timeout_s)
             except _CallTimeout:
                 self._discard(w)
@@ -305,11 +322,17 @@ class CompilePool:
                                      "contained in a compile worker") from None
             if tok is not None:
                 w.tokenizers.add(tok[0])
-            with self._lock:
-                if self._closed:
-                    w.kill()
-                else:
-                    self._idle.append(w)
+            self._give_back(w)
+        return self._raise(reply)
+
+    def _give_back(self, w: _Worker) -> None:
+        with self._lock:
+            if self._closed:
+                w.kill()
+            else:
+                self._idle.append(w)
+
+    def _raise(self, reply: tuple) -> Any:
         if reply[0] == "ok":
             return reply[1]
         _, module, name, message = reply
@@ -322,6 +345,11 @@ class CompilePool:
         if name == "PanicException":
             raise E.ConstraintEngineError(f"the constraint engine panicked: {message}")
         raise E.ConstraintError(f"cannot compile the constraint: {name}: {message}")
+
+    def known_ok(self, spec: Any, strict: bool = False, whitespace: str = "compact") -> bool:
+        """Whether ``spec`` was probed successfully before (its compile is then known to be safe)."""
+        with self._lock:
+            return spec_key(spec, strict, whitespace) in self._ok
 
     def probe(self, spec: Any, tokenizer: Any, *, stop_token_ids: list[int], vocab_size: int | None,
               strict: bool = False, whitespace: str = "compact", timeout_s: float = 10.0) -> None:
@@ -338,7 +366,8 @@ class CompilePool:
         tok_key = self._tok_payload(tokenizer)[0]
         try:
             self.run(_probe, spec, tok_key, list(stop_token_ids), vocab_size, strict, whitespace,
-                     timeout_s=timeout_s, tokenizer=tokenizer)
+                     timeout_s=timeout_s, tokenizer=tokenizer,
+                     setup=(_prepare, (tok_key, list(stop_token_ids), vocab_size)))
         except CompileCrashed as err:
             with self._lock:
                 self._crashed[key] = str(err)
