@@ -30,7 +30,7 @@ from .safety import clip, engine_guard
 if TYPE_CHECKING:  # pragma: no cover
     from .compile import Constraint
 
-__all__ = ["CanvasWalker", "WalkResult", "bitmask_allows", "bitmask_to_bool"]
+__all__ = ["CanvasWalker", "WalkResult", "bitmask_allows", "bitmask_to_bool", "closing_candidates"]
 
 
 class WalkResult(NamedTuple):
@@ -62,6 +62,75 @@ def _json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool
         elif ch == 0x22:  # quote
             in_str = not in_str
     return in_str, esc
+
+
+def _has_format(schema: Any) -> bool:
+    stack = [schema]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if isinstance(x.get("format"), str):
+                return True
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
+_REP_ORDER = b"10aA"
+
+
+def _segment_punct(pb: bytes) -> bytes:
+    """The distinct punctuation bytes written since the plan's last quote (the current string or
+    lexeme): what tells apart regex states whose masks are equal."""
+    seg = pb[pb.rfind(b'"') + 1:]
+    return bytes(sorted({ch for ch in seg if not chr(ch).isalnum()}))
+
+
+def _byte_representatives(byte_ids: np.ndarray, byte_values: bytes, grammar: str = "") -> np.ndarray:
+    """Single-byte candidate tokens for the closing search: ``1``, ``0``, ``a``, ``A`` for the digit /
+    letter classes (``1`` first: ``1111-11-11`` is a real date, ``0000-00-00`` is not), then every
+    printable punctuation byte -- those the grammar text mentions (a pattern's ``@`` and ``.``) first."""
+    by = {b: int(t) for t, b in zip(np.asarray(byte_ids).tolist(), byte_values)}
+    punct = [b for b in sorted(by) if 0x20 <= b < 0x7F and not chr(b).isalnum()]
+    mentioned = set(grammar.encode("utf-8", "replace")) - set(b'{}[]":,\\')
+    # one alphanumeric first, the rest after the mentioned punctuation: states that differ only in
+    # alphanumerics are merged, so they would spend the level's budget for nothing
+    order = _REP_ORDER[:1] + bytes(b for b in punct if b in mentioned) + _REP_ORDER[1:] + \
+        bytes(b for b in punct if b not in mentioned)
+    out = [by[b] for b in order if b in by]
+    out += [by[b] for b in (0x0A, 0x09) if b in by]
+    return np.asarray(out, dtype=np.int64)
+
+
+_CANDIDATES: dict[str, tuple] = {}
+
+
+def closing_candidates(info: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:
+    """The closing candidates of a tokenizer, scanned once per tokenizer (cached by its key):
+    tokens that start with ``"`` and hold only ``"``/``]``/``}``, tokens of only ``]``/``}`` (both
+    longest first), and the single-byte tokens with their bytes."""
+    hit = _CANDIDATES.get(info.key)
+    if hit is not None:
+        return hit
+    lt = info.lltok
+    quote, bracket, single = {}, {}, {}
+    specials = info.special_token_ids
+    for t in range(info.vocab_size):
+        if t in specials:
+            continue
+        bs = lt.decode_bytes([t])
+        if len(bs) == 1:
+            single.setdefault(bs[0], t)
+        if bs and len(bs) <= 8 and all(ch in b'"]}' for ch in bs):
+            (quote if bs[:1] == b'"' else bracket if b'"' not in bs else {})[t] = len(bs)
+    order = sorted(single)
+    hit = (*(np.asarray(sorted(d, key=lambda t: -d[t]), dtype=np.int64) for d in (quote, bracket)),
+           np.asarray([single[b] for b in order], dtype=np.int64), bytes(order))
+    if len(_CANDIDATES) >= 16:
+        _CANDIDATES.pop(next(iter(_CANDIDATES)))
+    _CANDIDATES[info.key] = hit
+    return hit
 
 
 def allowed_among(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -374,6 +443,125 @@ class CanvasWalker:
 
     def closing_plan(self, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
                      byte_ids: np.ndarray | None = None, byte_values: bytes = b"") -> list[int] | None:
+        """A short continuation from the frozen state after which a stop token may end the output
+        (the stop token itself not included), or None when no completion of at most ``max_n``
+        tokens was found.
+
+        First the cheap greedy walk (:meth:`_greedy_closing`); its plan is kept when the completed
+        text passes semantic validation (formats, ``multipleOf`` ...). Otherwise a breadth-first
+        *shortest-completion search* over matcher states (:meth:`_search_closing`): the frontier is
+        expanded level by level with the allowed tokens among the closing candidates (closers, and
+        one representative per class of single-byte tokens: every punctuation byte, ``1``/``0``,
+        ``a``, ``A``), bounded to :attr:`CLOSING_BEAM` states per level; the first levels' completions
+        are checked by validation and the shortest valid one wins (else the shortest). It finds a plan
+        whenever a completion within ``max_n`` tokens exists in the candidates' reach -- e.g. an
+        email pattern's ``@`` and ``.`` that a greedy walk uses up, or ``1111-11-11`` for a date.
+        Candidate arrays: as :func:`closing_candidates` returns them (``quote_ids`` / ``bracket_ids``
+        in order of preference, ``byte_ids[i]`` spells ``byte_values[i]``)."""
+        if self._frozen_eos:
+            return []
+        if byte_ids is None or not len(byte_values):
+            quote_ids, bracket_ids, byte_ids, byte_values = closing_candidates(self.constraint.tokenizer_info)
+        with engine_guard("planning a closing"):
+            greedy = self._greedy_closing(quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+            if greedy is not None and self._completion_valid(greedy):
+                return greedy
+            found = self._search_closing(quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+        if not found:
+            return greedy
+        for plan in found:
+            if self._completion_valid(plan):
+                return plan
+        return greedy if greedy is not None and len(greedy) <= len(found[0]) else found[0]
+
+    CLOSING_BEAM = 32  # distinct states kept per search level
+    CLOSING_EXAMINE = 128  # children examined per search level
+    CLOSING_EXTRA_LEVELS = 3  # levels searched past the first completion (for a valid one)
+
+    def _completion_valid(self, plan: list[int]) -> bool:
+        c = self.constraint
+        if c.kind != "json" or not c.semantic_keywords and c._adapter is None and not _has_format(c.schema):
+            return True
+        text = c.tokenizer_info.lltok.decode_str([t for t in self.frozen_tokens + plan if t not in self._stops])
+        try:
+            return bool(c.validate_text(text).ok)
+        except Exception:  # noqa: BLE001 - a validator failure means "not known valid"
+            return False
+
+    def _search_closing(self, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                        byte_ids: np.ndarray, byte_values: bytes) -> list[list[int]]:
+        """Completions (plans) found by a bounded breadth-first search, shortest first.
+
+        States of one level whose masks are identical are taken as one automaton state (inside a
+        regex lexeme every ``\\S`` byte leads to the same state), so a level holds at most
+        :attr:`CLOSING_BEAM` distinct states and examines at most :attr:`CLOSING_EXAMINE` children;
+        children of different states are interleaved so that no state fills the level."""
+        tok = self.constraint.tokenizer_info.lltok
+        reps = _byte_representatives(byte_ids, byte_values, self.constraint.grammar)
+        quote_ids = np.asarray(quote_ids, dtype=np.int64)
+        closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
+        is_json = self.constraint.kind == "json"
+        in_str0 = _json_string_state(tok.decode_bytes(self.frozen_tokens), False, False) if is_json else (False, False)
+        row = self._scratch[0]
+        # a node: (matcher or None, parent matcher, plan, plan bytes); children are materialised lazily
+        level: list[tuple] = [(self._frozen.deep_copy(), None, [], b"")]
+        found: list[list[int]] = []
+        stop_depth = None
+        for depth in range(max_n + 1):
+            groups: list[list[tuple]] = []
+            seen_masks: set[bytes] = set()
+            seen_bytes: set[bytes] = set()
+            examined = 0
+            for m, parent, plan, pb in level:
+                if examined >= self.CLOSING_EXAMINE or len(seen_masks) >= self.CLOSING_BEAM:
+                    break
+                if pb in seen_bytes:
+                    continue
+                seen_bytes.add(pb)
+                examined += 1
+                if m is None:
+                    m = parent.deep_copy()
+                    if not m.consume_token(plan[-1]):
+                        continue
+                m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+                if self._and_row is not None:
+                    row &= self._and_row
+                if (row & self._stop_row).any():
+                    found.append(plan)
+                    stop_depth = depth if stop_depth is None else stop_depth
+                    if len(found) >= 8:
+                        return found
+                    continue
+                in_str = _json_string_state(pb, *in_str0) if is_json else (False, False)
+                # equal masks are not equal states (every \\S byte is allowed before and after the '@'
+                # of an email pattern): the key adds the punctuation used and the string state
+                key = (row.tobytes(), _segment_punct(pb), in_str)
+                if key in seen_masks:
+                    continue
+                seen_masks.add(key)
+                if len(plan) >= max_n or m.is_stopped():
+                    continue
+                ff = list(m.compute_ff_tokens())[: max_n - len(plan)]
+                if ff:
+                    if m.consume_tokens(ff):
+                        groups.append([(m, None, plan + ff, pb + tok.decode_bytes(ff))])
+                    continue
+                ids = quote_ids if in_str[0] else closers
+                cand = [int(ids[k]) for k in allowed_among(row, ids)[:3]]
+                ok = allowed_among(row, reps)
+                # bytes the plan has used least first: writing '-' forever never closes anything
+                cand += sorted((int(reps[k]) for k in ok), key=lambda t: pb.count(tok.decode_bytes([t])))
+                groups.append([(None, m, plan + [t], pb + tok.decode_bytes([t])) for t in dict.fromkeys(cand)])
+            if stop_depth is not None and depth >= stop_depth + self.CLOSING_EXTRA_LEVELS:
+                break
+            # interleaved: the first child of every state, then the second ..., so no state fills the level
+            level = [g[k] for k in range(max((len(g) for g in groups), default=0)) for g in groups if k < len(g)]
+            if not level:
+                break
+        return sorted(found, key=len)
+
+    def _greedy_closing(self, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                        byte_ids: np.ndarray | None = None, byte_values: bytes = b"") -> list[int] | None:
         """A short continuation from the frozen state that lets a stop token end the output (the
         stop token itself not included): a greedy walk, not a proof of minimality. Each step takes
         the forced tokens, else an allowed closer (inside a JSON string the longest that starts
