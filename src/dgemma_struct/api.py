@@ -614,7 +614,7 @@ def stream_json(prompt: Prompt, schema: Any, **opts: Any) -> Iterator[Any]:
     Use :func:`stream` for the events themselves (``validated`` tells a draft from the final
     value). Options as :func:`stream`.
 
-    >>> for person in stream_json("Extract as JSON.\nAda is 36.", Person):   # doctest: +SKIP
+    >>> for person in stream_json("Extract as JSON.\\nAda is 36.", Person):   # doctest: +SKIP
     ...     print(person)
     """
     from pydantic import BaseModel
