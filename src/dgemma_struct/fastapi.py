@@ -136,15 +136,18 @@ class StructuredGenerator:
         return self._runtime
 
     async def details(self, prompt: Any, spec: Any, *, max_new_tokens: int | None = None, seed: int | None = -1,
-                      timeout_s: float | None = None):
-        """The :class:`~dgemma_struct.results.GenerationResult` (``.value``, ``.text``, ``.stats``)."""
+                      timeout_s: float | None = None, temperature: float | None = None,
+                      top_p: float | None = None):
+        """The :class:`~dgemma_struct.results.GenerationResult` (``.value``, ``.text``, ``.stats``).
+        ``temperature`` / ``top_p`` as in :func:`dgemma_struct.generate` (``None``: the defaults)."""
         try:
             if self._runtime is None:
                 await asyncio.to_thread(lambda: self.runtime)
             batcher = _batcher_for(self.runtime, **self._batcher_opts)
             return await batcher.submit(prompt, spec, max_new_tokens=max_new_tokens or self.max_new_tokens,
                                         seed=self.seed if seed == -1 else seed,
-                                        timeout_s=timeout_s or self.timeout_s)
+                                        timeout_s=timeout_s or self.timeout_s, temperature=temperature,
+                                        top_p=top_p)
         except (DgemmaStructError, QueueFull, ShuttingDown) as err:
             if self.raise_http:
                 raise to_http_exception(err) from err

@@ -32,6 +32,14 @@ def make_app(rt) -> FastAPI:
                 "code": await g.regex("A code.", "[A-Z]{2}[0-9]"),
                 "sum": await g.grammar("A sum.", 'start: NUM "+" NUM\nNUM: /[0-9]/')}
 
+    @app.get("/hot")
+    async def hot(g: StructuredGenerator = Depends(gen)):
+        return {"code": await g.regex("A code.", "[A-Z]{2}[0-9]", temperature=2.0, top_p=0.9, seed=3)}
+
+    @app.get("/bad-temperature")
+    async def bad_temperature(g: StructuredGenerator = Depends(gen)):
+        return await g.regex("A code.", "[A-Z]{2}[0-9]", temperature=-1.0)
+
     @app.get("/broken")
     async def broken(g: StructuredGenerator = Depends(gen)):
         return await g.regex("x", "((")
@@ -83,3 +91,11 @@ def test_generation_errors_are_in_the_openapi_schema(rt):
         assert ref.endswith("/GenerationErrorResponse")
     detail = spec["components"]["schemas"]["GenerationErrorDetail"]
     assert {"message", "type", "code", "partial_text"} <= set(detail["properties"])
+
+
+def test_sampling_options_pass_through(rt):
+    with TestClient(make_app(rt)) as c:
+        r = c.get("/hot")
+        assert r.status_code == 200 and len(r.json()["code"]) == 3
+        r = c.get("/bad-temperature")
+        assert r.status_code == 400, r.text
