@@ -18,6 +18,7 @@ allowed token, so no caller ever samples from an empty mask (NaN).
 """
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import llguidance as llg
@@ -479,13 +480,17 @@ class CanvasWalker:
     CLOSING_EXTRA_LEVELS = 3  # levels searched past the first completion (for a valid one)
 
     def _completion_valid(self, plan: list[int]) -> bool:
+        """Whether the frozen text plus ``plan`` passes the JSON-Schema validation (formats, keywords
+        the grammar leaves out). User validators (pydantic) are not run here: they may have effects."""
         c = self.constraint
-        if c.kind != "json" or not c.semantic_keywords and c._adapter is None and not _has_format(c.schema):
+        if c.kind != "json" or (not c.semantic_keywords and not _has_format(c.schema)):
             return True
+        from .json_schema import iter_issues
         text = c.tokenizer_info.lltok.decode_str([t for t in self.frozen_tokens + plan if t not in self._stops])
         try:
-            return bool(c.validate_text(text).ok)
-        except Exception:  # noqa: BLE001 - a validator failure means "not known valid"
+            value = json.loads(text)
+            return not iter_issues(c._validator, value)
+        except Exception:  # noqa: BLE001 - not parseable / validator failure: not known valid
             return False
 
     def _search_closing(self, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,

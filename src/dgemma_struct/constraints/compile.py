@@ -294,17 +294,54 @@ def _check_imports(text: str) -> None:
                                f"only Lark's common terminals (%import common.NAME); inline the rules instead")
 
 
+_GBNF_RULE = re.compile(r"(?m)^[ \t]*[A-Za-z_][\w-]*[ \t]*::=")
+
+
+_LARK_RULE = re.compile(r"(?m)^[ \t]*(%llguidance\b|[?!]?[A-Za-z_][\w.]*(\.\d+)?[ \t]*:(?!:=))")
+
+
+def _is_gbnf(text: str) -> bool:
+    """GBNF / EBNF (llama.cpp, vLLM's ``grammar``): rules written ``name ::= ...`` and no Lark rule."""
+    return bool(_GBNF_RULE.search(text)) and not _LARK_RULE.search(text)
+
+
+def _gbnf_to_lark(text: str) -> str:
+    """llguidance's own GBNF converter; its errors become :class:`GrammarError` with line/column."""
+    from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+    try:
+        return gbnf_to_lark(text)
+    except GbnfToLarkError as e:
+        pos = getattr(getattr(e, "pos", None), "pos", None)
+        msg = str(e.args[0]) if e.args else str(e)
+        msg = msg.split(" at line ", 1)[0]
+        if isinstance(pos, int):
+            line = text.count("\n", 0, pos) + 1
+            col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+            near = text[pos: pos + 20]
+            raise GrammarError(f"invalid GBNF grammar (line {line}, column {col}): {clip(msg, 200)} "
+                               f"near {clip(repr(near), 60)}") from None
+        raise GrammarError(f"invalid GBNF grammar: {clip(msg)}") from None
+    except RecursionError:
+        raise GrammarError("invalid GBNF grammar: nested too deeply") from None
+    except Exception as e:  # noqa: BLE001 - the converter raises bare Exception for unknown rules / no root
+        raise GrammarError(f"invalid GBNF grammar: {clip(e)}") from None
+
+
 _LLG_DIALECT = re.compile(r'%json|%llguidance|%regex|%lark|<\[|<[A-Za-z_|]+>|max_tokens|""|\[lazy|stop\s*=')
 
 
 def _compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
     src = spec.source
     text: str
-    if isinstance(src, Path) or (isinstance(src, str) and src.endswith(".lark") and "\n" not in src):
+    if isinstance(src, Path) or (isinstance(src, str) and src.endswith((".lark", ".gbnf", ".ebnf"))
+                                 and "\n" not in src):
         p = Path(src)
-        if not p.exists():
-            raise GrammarError(f"grammar file not found: {p}")
-        text = p.read_text()
+        if not p.is_file():
+            raise GrammarError(f"grammar file not found: {clip(str(p), 200)}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise GrammarError(f"cannot read the grammar file {clip(str(p), 200)}: {clip(e, 200)}") from None
     elif isinstance(src, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", src.strip()) and \
             src.strip() in builtin_grammars():
         text = builtin_grammars()[src.strip()].read_text()
@@ -318,7 +355,11 @@ def _compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
         raise GrammarError(f"grammar too long: more than {MAX_SPEC_BYTES} bytes")
     if "\x00" in text:
         raise GrammarError("grammar contains a NUL character")
-    _check_imports(text)
+    gbnf = _is_gbnf(text)
+    if gbnf:
+        text = _gbnf_to_lark(text)
+    else:
+        _check_imports(text)
     start = spec.start or "start"
     import lark
     lark_err: Exception | None = None
@@ -338,10 +379,12 @@ def _compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
     if err:
         if _is_limit(err):
             raise ConstraintCompileTimeout(f"grammar exceeds the compile limits: {clip(err)}")
-        raise GrammarError(f"Lark grammar not supported by the constrained decoder: {clip(err.strip())}")
+        what = "GBNF grammar (converted to Lark)" if gbnf else "Lark grammar"
+        raise GrammarError(f"{what} not supported by the constrained decoder: {clip(err.strip())}")
     # lark_err but llguidance accepted: llguidance dialect (e.g. %json, <[id]>, lazy "" terminals)
     may_specials = "<" in text
-    return Constraint("grammar", g, info, may_allow_specials=may_specials, description="lark grammar")
+    return Constraint("grammar", g, info, may_allow_specials=may_specials,
+                      description="gbnf grammar" if gbnf else "lark grammar")
 
 
 def _compile_choice(spec: Choice, info: TokenizerInfo) -> Constraint:

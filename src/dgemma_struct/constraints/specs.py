@@ -18,8 +18,9 @@ class Regex:
 
 @dataclass(frozen=True)
 class Grammar:
-    """A Lark grammar: grammar text, a path to a ``.lark`` file, or the name of a built-in grammar
-    in :mod:`dgemma_struct.grammars` (e.g. ``"arithmetic"``, ``"key_value"``)."""
+    """A grammar: Lark or GBNF/EBNF text (GBNF -- rules written ``root ::= ...`` -- is detected by its
+    ``::=`` and converted with llguidance's ``gbnf_to_lark``), a path to a ``.lark`` / ``.gbnf`` file, or
+    the name of a built-in grammar in :mod:`dgemma_struct.grammars` (e.g. ``"arithmetic"``)."""
 
     source: Union[str, Path]
     start: str = "start"
