@@ -150,3 +150,16 @@ def test_stream_json_yields_partial_models_then_the_validated_one(tiny_runtime):
     assert events[-1].done and events[-1].finish_reason == "stop"
     for e in events[:-1]:
         assert e.value is None or isinstance(e.value, dict)
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_mixed_batch_rows_equal_their_single_runs(tiny_runtime, mode):
+    # different constraints and prompt lengths (left padding), rows that finish at different steps
+    prompts = ["a", "a much longer prompt", "ccc"]
+    specs = [SCHEMA, Regex(r"[a-z]{3,5}"), Choice(["x", "yy", "zzz"])]
+    batch = generate_batch(prompts, specs, runtime=tiny_runtime, max_new_tokens=32, seed=5, mode=mode,
+                           temperature=1.0 if mode == "ar" else None)
+    singles = [generate(p, s, runtime=tiny_runtime, max_new_tokens=32, seed=5, mode=mode, return_details=True,
+                        temperature=1.0 if mode == "ar" else None) for p, s in zip(prompts, specs)]
+    assert [r.text for r in batch] == [r.text for r in singles]
+    assert [r.stats.repairs for r in batch] == [r.stats.repairs for r in singles]
