@@ -294,3 +294,21 @@ def test_server_grounding_options():
                 {"granularity": "lines"}]:
         with pytest.raises(GroundingError):
             grounding_options(bad)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_nasty_sources_exhaustive(tok, seed):
+    """Random short sources over quotes, backslashes, control characters, accents, emoji and
+    separators: in both modes exactly the expected spans are accepted, and each accepted output
+    is valid JSON that decodes to that span."""
+    rng = random.Random(seed)
+    alphabet = ['"', "\\", "\n", "\t", "\x01", "\u2028", "é", "😀", " ", "a", "b", "7", ",", ".", "u", "n", "/"]
+    src = "".join(rng.choice(alphabet) for _ in range(14)) + " ab"
+    for granularity in ("words", "chars"):
+        c = compile_grounded(one_field(mode=granularity), tok, source=src, use_cache=False)
+        expected = spans_of(src, granularity)
+        for s in {src[i:j] for i in range(len(src)) for j in range(i + 1, len(src) + 1)}:
+            text = doc(s)
+            assert c.grammar_accepts(text) == (s in expected), (granularity, src, s)
+            if s in expected:
+                assert json.loads(text)["v"] == s
