@@ -60,7 +60,7 @@ from dgemma_struct.errors import (DgemmaStructError, GroundingError, InvalidRequ
 
 __all__ = ["Grounded", "GroundedSpan", "GroundedResult", "GroundedConstraint", "compile_grounded",
            "generate_grounded", "generate_grounded_batch", "grounded_sources", "has_grounding", "GROUND_KEY",
-           "render_html", "demo", "grounding_options"]
+           "render_html", "demo", "grounding_options", "prompt_with_sources"]
 
 GROUND_KEY = "x-grounded"
 GRANULARITIES = ("words", "chars")
@@ -1055,7 +1055,7 @@ def render_html(sources: Sequence[str], spans: Sequence[GroundedSpan], *, value:
             f'</title><style>{css}</style></head><body>{body}</body></html>')
 
 
-def _with_sources(prompt: Any, docs: tuple[str, ...]) -> Any:
+def prompt_with_sources(prompt: Any, docs: Sequence[str]) -> Any:
     """The prompt, with every source document it does not already contain appended (the model
     must see what it copies from)."""
     present = "\n".join(_prompt_text(prompt))
@@ -1076,7 +1076,7 @@ def _with_sources(prompt: Any, docs: tuple[str, ...]) -> Any:
 def _prepare(prompt: Any, schema: Any, runtime: Any, *, source: Any, ground: str | None, granularity: str,
              max_new_tokens: int, strict: bool) -> tuple[Any, GroundedConstraint]:
     docs = grounded_sources(prompt, source)
-    full = _with_sources(prompt, docs) if source is not None else prompt
+    full = prompt_with_sources(prompt, docs) if source is not None else prompt
     ids = runtime.encode_prompt(full)
     if len(ids) + max_new_tokens > runtime.max_context:
         raise PromptTooLongError(f"the prompt with its grounding source is {len(ids)} tokens; with max_new_tokens="
