@@ -29,7 +29,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def real_server(rt, tmp_path_factory):
     """``dgemma-struct serve`` on a tiny checkpoint in a subprocess; yields (url, process)."""
     ckpt = tmp_path_factory.mktemp("tiny-ckpt")
