@@ -369,15 +369,30 @@ class _GrammarBuilder:
         return f'"{{"{ref(f_rule[0], nullable[0])} "}}"'
 
 
+def control_token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of a single-token ``token`` in ``tokenizer``, or None (no full-vocabulary copy: a
+    262k ``get_vocab()`` costs seconds)."""
+    try:
+        tid = tokenizer.convert_tokens_to_ids(token)
+    except Exception:  # noqa: BLE001 - tokenizers without the method or with odd inputs
+        return None
+    if not isinstance(tid, int) or tid < 0:
+        return None
+    try:
+        back = tokenizer.convert_ids_to_tokens(tid)
+    except Exception:  # noqa: BLE001
+        return None
+    return tid if back == token else None
+
+
 def _marker_ids(tokenizer: Any) -> dict[str, int]:
     ids: dict[str, int] = {}
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     for role, tok in MARKER_TOKENS.items():
-        tid = vocab.get(tok)
+        tid = control_token_id(tokenizer, tok)
         if tid is None:
             raise ToolCallError(f"this tokenizer has no {tok!r} control token: tool calls need Gemma 4's tool-call "
                                 "tokens (the real DiffusionGemma checkpoint has them)")
-        ids[role] = int(tid)
+        ids[role] = tid
     return ids
 
 

@@ -27,8 +27,14 @@ MAX_THINKING_TOKENS = 8192
 def _channel_ids(constraint: Constraint, tokenizer: Any) -> tuple[int, int]:
     from dgemma_struct.errors import ConstraintError
 
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    ids = vocab.get(THOUGHT_OPEN), vocab.get(THOUGHT_CLOSE)
+    ids = []
+    for tok in (THOUGHT_OPEN, THOUGHT_CLOSE):
+        try:
+            tid = tokenizer.convert_tokens_to_ids(tok)
+            ok = isinstance(tid, int) and tid >= 0 and tokenizer.convert_ids_to_tokens(tid) == tok
+        except Exception:  # noqa: BLE001 - tokenizers without the methods
+            ok = False
+        ids.append(tid if ok else None)
     if None in ids:
         raise ConstraintError("thinking needs Gemma 4's thought-channel tokens <|channel> / <channel|>, "
                               "which this tokenizer does not have")
