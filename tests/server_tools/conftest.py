@@ -1,0 +1,60 @@
+"""Fixtures for the server's tool-calling layer: the Gemma 4 tokenizer from ../shared and a
+random-weight real-shape DiffusionGemma checkpoint written to disk the way a server loads one."""
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+GEMMA4_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gemma4-tokenizer"
+
+
+def _need_gemma4() -> None:
+    if not (GEMMA4_DIR / "tokenizer.json").exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{GEMMA4_DIR} is missing in CI")
+        pytest.skip("../shared/data/gemma4-tokenizer is not next to this clone")
+
+
+@pytest.fixture(scope="session")
+def gemma4_tokenizer():
+    """The rebuilt Gemma 4 tokenizer (CI has it: there a missing copy fails, it never skips)."""
+    _need_gemma4()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(GEMMA4_DIR))
+
+
+def write_real_shape_checkpoint(out: Path, *, seed: int = 0, denoising_steps: int = 3) -> Path:
+    """Write a random-weight DiffusionGemma of the real shape (vocab 262,144, canvas 256, 5:1
+    sliding/full layers; narrow and shallow) with the Gemma 4 tokenizer, its chat template and
+    DiffusionGemma's generation config (eos ``[1, 106, 50]``) into ``out``: a directory
+    ``DiffusionRuntime.from_pretrained`` (and so ``dgemma-struct serve --model``) loads."""
+    import torch
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    from dgemma_struct.model_config import real_shape_config
+
+    torch.manual_seed(seed)
+    model = DiffusionGemmaForBlockDiffusion(real_shape_config()).eval()
+    gc = model.generation_config
+    gc.eos_token_id, gc.pad_token_id, gc.bos_token_id = [1, 106, 50], 0, 2
+    gc.max_denoising_steps = denoising_steps   # 48 in the real config; 3 keeps a CPU test short
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(GEMMA4_DIR)).save_pretrained(str(out))
+    shutil.copyfile(GEMMA4_DIR / "chat_template.jinja", out / "chat_template.jinja")
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_shape_dir(tmp_path_factory) -> Path:
+    """A saved random-weight real-shape checkpoint (about 35 MB, a few seconds to write)."""
+    _need_gemma4()
+    return write_real_shape_checkpoint(tmp_path_factory.mktemp("real_shape_ckpt"))
+
+
+@pytest.fixture(scope="session")
+def real_shape_runtime(real_shape_dir):
+    from dgemma_struct.runtime import DiffusionRuntime
+
+    return DiffusionRuntime.from_pretrained(real_shape_dir)
