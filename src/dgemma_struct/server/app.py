@@ -254,7 +254,9 @@ class ServerState:
         for p in prompts:
             check_text(p, "messages" if chat else "prompt")
         spec, param = spec_of(req)
-        stops = stops_of(req) if spec is None else []   # a constraint decides where its output ends
+        stops = stops_of(req)                    # validated either way ...
+        if spec is not None:
+            stops = []                           # ... but a constraint decides where its output ends
         constraint = await self.compile(spec, param)
         n_prompt = await asyncio.to_thread(lambda: [self.prompt_tokens(p) for p in prompts])
         seed = None if req.seed is None else int(req.seed) % (2 ** 63)
