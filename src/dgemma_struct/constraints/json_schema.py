@@ -42,6 +42,7 @@ class JsonPlan:
     grammar: str  # llguidance grammar string
     semantic_keywords: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    matcher: Any = None  # the compiled llguidance.LLMatcher at its start state (compiled once)
 
 
 def _walk(schema: Any, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
@@ -102,6 +103,9 @@ def _format_checker(cls: Any) -> Any:
         base = getattr(cls, "FORMAT_CHECKER", None) or jsonschema.FormatChecker()
         fc = jsonschema.FormatChecker(formats=())
         fc.checkers = {**jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers, **base.checkers}
+        # jsonschema's email check is only "contains @": use one that follows RFC 5321/5322
+        fc.checkers["email"] = (_is_email, ())
+        fc.checkers["idn-email"] = (_is_email, ())
         _FORMAT_CHECKERS[cls] = fc
     return fc
 
@@ -126,6 +130,30 @@ def _decimal_multiple_of(validator: Any, dB: Any, instance: Any, schema: Any) ->
 _VALIDATOR_CLASSES: dict = {}
 
 
+_EMAIL_RS = None
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+_EMAIL_RE = re.compile(rf"(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.)*\")@(?:{_LABEL}(?:\.{_LABEL})*|\[[^\]]+\])")
+
+
+def _is_email(instance: Any) -> bool:
+    """RFC 5321/5322 address check (local part <= 64 octets, domain <= 255, labels <= 63): jsonschema-rs'
+    checker when available, else a dot-atom / quoted-string regex with the same length limits."""
+    global _EMAIL_RS
+    if not isinstance(instance, str):
+        return True
+    if _rs is not None:
+        if _EMAIL_RS is None:
+            _EMAIL_RS = _rs.validator_for({"format": "email"}, validate_formats=True)
+        try:
+            return bool(_EMAIL_RS.is_valid(instance))
+        except Exception:  # noqa: BLE001
+            return False
+    local, _, domain = instance.rpartition("@")
+    return (bool(local) and len(local.encode()) <= 64 and 0 < len(domain.encode()) <= 255
+            and _EMAIL_RE.fullmatch(instance) is not None)
+
+
 def make_validator(schema: Any) -> Any:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     ext = _VALIDATOR_CLASSES.get(cls)
@@ -146,7 +174,42 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
     return [(tuple(e.absolute_path), e.message) for e in errs]
 
 
+try:  # the fast metaschema check and the RFC-following email checks (jsonschema-rs, Rust)
+    import jsonschema_rs as _rs
+except ImportError:  # pragma: no cover - optional: fall back to jsonschema's own
+    _rs = None
+
+
+def _rs_meta_valid(schema: Any) -> bool:
+    """jsonschema-rs' metaschema verdict (about 100x faster than jsonschema's); False when unsure."""
+    if _rs is None:
+        return False
+    try:
+        with engine_guard("checking the schema against its metaschema"):
+            return bool(_rs.meta.is_valid(schema))
+    except Exception:  # noqa: BLE001 - unknown $schema, unsupported value ...: let jsonschema decide
+        return False
+
+
+def _patterns_compile(schema: Any) -> bool:
+    """Every ``pattern`` / ``patternProperties`` key compiles with Python's ``re`` (what validation
+    uses; jsonschema's metaschema check asserts it through the ``regex`` format, jsonschema-rs does not)."""
+    for _, s in _walk(schema):
+        pats = [s["pattern"]] if isinstance(s.get("pattern"), str) else []
+        if isinstance(s.get("patternProperties"), dict):
+            pats += list(s["patternProperties"])
+        for p in pats:
+            try:
+                re.compile(p)
+            except (re.error, RecursionError, OverflowError):
+                return False
+    return True
+
+
 def _check_metaschema(schema: Any) -> None:
+    if _rs_meta_valid(schema) and _patterns_compile(schema):
+        return
+    # invalid per jsonschema-rs, or unsure: jsonschema decides and words the message
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
@@ -379,7 +442,10 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
                 grammar = llg.LLMatcher.grammar_from_json_schema(g, defaults=opts)
             except (ValueError, TypeError, OverflowError) as e:  # the engine's schema reader
                 raise SchemaError(f"the schema cannot be read by the constrained decoder: {clip(e)}") from None
-            is_err, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar, lltok, limits=limits)
+            # compiled once: the matcher that checks the grammar is the constraint's template
+            matcher = llg.LLMatcher(lltok, grammar, log_level=0, limits=limits)
+            is_err = matcher.is_error()
+            msgs = [matcher.get_error()] if is_err else list(matcher.get_grammar_warnings())
         if not is_err:
             warnings = list(msgs)
             break
@@ -420,4 +486,4 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
         raise SchemaError(
             f"strict=True: keywords not enforceable by the grammar: {', '.join(semantic)}", keywords=semantic)
     return JsonPlan(schema=schema, grammar_schema=g, grammar=grammar, semantic_keywords=semantic,
-                    warnings=warnings)
+                    warnings=warnings, matcher=matcher)
