@@ -26,7 +26,7 @@ import numpy as np
 
 from dgemma_struct.errors import ConstraintEngineError, ConstraintError, ConstraintLimitError
 
-from .safety import clip, engine_guard
+from .safety import clip, engine_guard, guarded
 
 if TYPE_CHECKING:  # pragma: no cover
     from .compile import Constraint
@@ -212,6 +212,7 @@ class CanvasWalker:
         return len(self.frozen_tokens)
 
     # -- commit / rollback ------------------------------------------------------------------
+    @guarded("committing tokens")
     def commit(self, tokens: Sequence[int]) -> None:
         """Consume ``tokens`` into the frozen prefix. Raises :class:`ConstraintError` (state
         unchanged) if the grammar rejects them. Stop ids count as EOS; stop tokens after the
@@ -276,6 +277,7 @@ class CanvasWalker:
         self._frozen_eos = bool(tokens) and tokens[-1] in self._stops
         self._reset_work()
 
+    @guarded("rolling back")
     def rollback(self, n: int) -> None:
         """Unfreeze the last ``n`` committed tokens."""
         if n < 0 or n > len(self.frozen_tokens):
@@ -422,6 +424,7 @@ class CanvasWalker:
         """The allowed-token bitmask at the frontier (a copy)."""
         return self.walk([]).bitmasks[0].copy()
 
+    @guarded("computing forced tokens")
     def forced_tokens(self, max_n: int) -> list[int]:
         """The forced continuation after the frozen prefix (not committed), at most ``max_n``
         tokens, ending with EOS when EOS becomes the only allowed token."""
@@ -616,6 +619,7 @@ class CanvasWalker:
             in_str, esc = _json_string_state(tok.decode_bytes(picks), in_str, esc)
         return None
 
+    @guarded("filling a canvas")
     def greedy_fill(self, logits_rows: Any, max_n: int, *, topk: int = 64) -> list[int]:
         """Masked greedy decode from the frozen state over ``logits_rows`` (``[n, V']`` torch
         tensor or numpy array, row ``i`` = position ``frontier + i``): argmax of the allowed tokens

@@ -30,14 +30,15 @@ subclass that escapes ``except Exception``) becomes the given typed error;
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from typing import Any, Iterator, Type
+from typing import Any, Callable, Iterator, Type, TypeVar
 from urllib.parse import unquote
 
 from dgemma_struct.errors import ConstraintEngineError, DgemmaStructError, SchemaError
 
 __all__ = ["MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "MAX_SPEC_BYTES", "MAX_ERROR_CHARS", "check_schema_input",
-           "is_wide_int", "has_wide_int", "engine_guard", "is_native_panic", "clip", "check_ref_cycles"]
+           "is_wide_int", "has_wide_int", "engine_guard", "guarded", "is_native_panic", "clip", "check_ref_cycles"]
 
 #: most nested containers (dicts / lists) in a schema; JSONSchemaBench's deepest has 63, the engine
 #: refuses about 125 (its JSON reader's recursion limit)
@@ -50,6 +51,7 @@ MAX_SPEC_BYTES = 1_000_000
 MAX_ERROR_CHARS = 600
 
 _WIDE = float(2 ** 63)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def clip(text: Any, limit: int = MAX_ERROR_CHARS) -> str:
@@ -243,6 +245,17 @@ def is_native_panic(exc: BaseException) -> bool:
     """A panic raised by Rust code through pyo3 (``pyo3_runtime.PanicException``)."""
     t = type(exc)
     return t.__name__ == "PanicException" or t.__module__ == "pyo3_runtime"
+
+
+def guarded(what: str, error: Type[DgemmaStructError] = ConstraintEngineError) -> Callable[[F], F]:
+    """Decorator form of :func:`engine_guard`."""
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with engine_guard(what, error):
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+    return deco
 
 
 @contextlib.contextmanager
