@@ -31,7 +31,7 @@ def write_real_shape_checkpoint(out: Path, *, seed: int = 0, denoising_steps: in
     DiffusionGemma's generation config (eos ``[1, 106, 50]``) into ``out``: a directory
     ``DiffusionRuntime.from_pretrained`` (and so ``dgemma-struct serve --model``) loads."""
     import torch
-    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+    from transformers import DiffusionGemmaForBlockDiffusion
 
     from dgemma_struct.model_config import real_shape_config
 
@@ -41,14 +41,14 @@ def write_real_shape_checkpoint(out: Path, *, seed: int = 0, denoising_steps: in
     gc.eos_token_id, gc.pad_token_id, gc.bos_token_id = [1, 106, 50], 0, 2
     gc.max_denoising_steps = denoising_steps   # 48 in the real config; 3 keeps a CPU test short
     model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(GEMMA4_DIR)).save_pretrained(str(out))
-    shutil.copyfile(GEMMA4_DIR / "chat_template.jinja", out / "chat_template.jinja")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):   # copied: loading is slow
+        shutil.copyfile(GEMMA4_DIR / name, out / name)
     return out
 
 
 @pytest.fixture(scope="session")
 def real_shape_dir(tmp_path_factory) -> Path:
-    """A saved random-weight real-shape checkpoint (about 35 MB, a few seconds to write)."""
+    """A saved random-weight real-shape checkpoint (about 50 MB, about a second to write)."""
     _need_gemma4()
     return write_real_shape_checkpoint(tmp_path_factory.mktemp("real_shape_ckpt"))
 
