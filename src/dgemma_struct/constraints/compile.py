@@ -426,9 +426,10 @@ def _compile_choice(spec: Choice, info: TokenizerInfo) -> Constraint:
 
 
 def _compile_json(schema: Any, info: TokenizerInfo, *, strict: bool, whitespace: str,
-                  separators: tuple[str, str] | None, adapter: Any = None, desc: str = "json schema") -> Constraint:
+                  separators: tuple[str, str] | None, adapter: Any = None, desc: str = "json schema",
+                  checked: bool = False) -> Constraint:
     plan: JsonPlan = prepare_json_schema(schema, info.lltok, strict=strict, whitespace=whitespace,
-                                         separators=separators, limits=_limits())
+                                         separators=separators, limits=_limits(), checked=checked)
     return Constraint("json", plan.grammar, info, schema=plan.schema, semantic_keywords=plan.semantic_keywords,
                       validator=make_validator(plan.schema), pydantic_adapter=adapter, description=desc,
                       template=plan.matcher)
@@ -541,7 +542,7 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
     else:
         desc = getattr(spec, "__name__", "json schema")
         c = _compile_json(payload, info, strict=strict, whitespace=whitespace, separators=separators,
-                          adapter=adapter, desc=desc)
+                          adapter=adapter, desc=desc, checked=adapter is None)  # _normalise checked dicts
     if use_cache:
         size = _estimate_bytes(c)
         if size <= _CACHE_MAX_BYTES:  # an entry larger than the whole cache is not kept

@@ -191,10 +191,10 @@ def _rs_meta_valid(schema: Any) -> bool:
         return False
 
 
-def _patterns_compile(schema: Any) -> bool:
+def _patterns_compile(schema: Any, subs: list | None = None) -> bool:
     """Every ``pattern`` / ``patternProperties`` key compiles with Python's ``re`` (what validation
     uses; jsonschema's metaschema check asserts it through the ``regex`` format, jsonschema-rs does not)."""
-    for _, s in _walk(schema):
+    for _, s in (subs if subs is not None else _walk(schema)):
         pats = [s["pattern"]] if isinstance(s.get("pattern"), str) else []
         if isinstance(s.get("patternProperties"), dict):
             pats += list(s["patternProperties"])
@@ -206,8 +206,8 @@ def _patterns_compile(schema: Any) -> bool:
     return True
 
 
-def _check_metaschema(schema: Any) -> None:
-    if _rs_meta_valid(schema) and _patterns_compile(schema):
+def _check_metaschema(schema: Any, subs: list | None = None) -> None:
+    if _rs_meta_valid(schema) and _patterns_compile(schema, subs):
         return
     # invalid per jsonschema-rs, or unsure: jsonschema decides and words the message
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -249,8 +249,8 @@ def _all_refs(schema: Any, path: tuple = ()) -> Iterator[tuple[tuple, str]]:
             yield from _all_refs(v, path + (i,))
 
 
-def _check_refs(schema: Any) -> None:
-    ids = {s.get("$id") for _, s in _walk(schema) if isinstance(s.get("$id"), str)}
+def _check_refs(schema: Any, subs: list | None = None) -> None:
+    ids = {s.get("$id") for _, s in (subs if subs is not None else _walk(schema)) if isinstance(s.get("$id"), str)}
     for path, ref in _all_refs(schema):
         if ref.startswith("#"):
             if not _resolve_pointer(schema, ref):
@@ -266,10 +266,10 @@ def _num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _check_bounds(schema: Any) -> None:
+def _check_bounds(schema: Any, subs: list | None = None) -> None:
     pairs = [("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"),
              ("minContains", "maxContains")]
-    for path, s in _walk(schema):
+    for path, s in (subs if subs is not None else _walk(schema)):
         for lo, hi in pairs:
             if _num(s.get(lo)) and _num(s.get(hi)) and s[lo] > s[hi]:
                 raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: {lo} ({s[lo]}) > {hi} ({s[hi]})",
@@ -289,7 +289,7 @@ def _check_bounds(schema: Any) -> None:
             raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: empty type list", keywords=["type"])
 
 
-def _grammar_copy(schema: Any, dropped: list[str] | None = None) -> Any:
+def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True) -> Any:
     """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only; keywords
     llguidance compiles wrongly are removed (named in ``dropped``, enforced by validation)."""
     g = copy.deepcopy(schema)
@@ -329,7 +329,8 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None) -> Any:
                     s.pop(kw)
                     if dropped is not None:
                         dropped.append(kw)
-        _drop_wide_ints(s, dropped)
+        if wide:
+            _drop_wide_ints(s, dropped)
     return g
 
 
@@ -392,8 +393,8 @@ def _relax_pattern(g: Any, bad: str | None) -> list[str]:
     return removed
 
 
-def _uses(schema: Any, kw: str) -> bool:
-    return any(kw in s for _, s in _walk(schema))
+def _uses(schema: Any, kw: str, subs: list | None = None) -> bool:
+    return any(kw in s for _, s in (subs if subs is not None else _walk(schema)))
 
 
 def json_options(whitespace: str, separators: tuple[str, str] | None) -> dict:
@@ -407,7 +408,9 @@ def json_options(whitespace: str, separators: tuple[str, str] | None) -> dict:
 
 
 def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whitespace: str = "compact",
-                        separators: tuple[str, str] | None = None, limits: Any = None) -> JsonPlan:
+                        separators: tuple[str, str] | None = None, limits: Any = None,
+                        checked: bool = False) -> JsonPlan:
+    """``checked``: the caller already ran :func:`~.safety.check_schema_input` on ``schema``."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
@@ -415,24 +418,28 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
             raise SchemaError(f"schema is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a JSON Schema must be an object or a boolean, not {type(schema).__name__}")
-    check_schema_input(schema)
+    if not checked:
+        check_schema_input(schema)
+    wide = has_wide_int(schema)
     try:
         schema = json.loads(json.dumps(schema, allow_nan=False))
     except (TypeError, ValueError, RecursionError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {clip(e)}") from None
     if schema is False:
         raise SchemaError("unsatisfiable schema: false")
-    _check_metaschema(schema)
+    subs = list(_walk(schema)) if isinstance(schema, dict) else []
+    _check_metaschema(schema, subs)
     if isinstance(schema, dict):
-        _check_refs(schema)
-        check_ref_cycles(schema)
-        _check_bounds(schema)
+        _check_refs(schema, subs)
+        if any("$ref" in s for _, s in subs):
+            check_ref_cycles(schema)
+        _check_bounds(schema, subs)
     semantic: list[str] = []
-    g = _grammar_copy(schema, semantic) if isinstance(schema, dict) else {}
-    if has_wide_int(g):  # somewhere the grammar copy could not drop it: never hand it to the engine
+    g = _grammar_copy(schema, semantic, wide) if isinstance(schema, dict) else {}
+    if wide and has_wide_int(g):  # somewhere the grammar copy could not drop it: never hand it to the engine
         raise SchemaError("the schema holds an integer beyond the 64-bit range (|v| >= 2**63) where it cannot be "
                           "left to validation")
-    if isinstance(schema, dict) and _uses(schema, "dependencies"):
+    if isinstance(schema, dict) and _uses(schema, "dependencies", subs):
         semantic.append("dependencies")
     opts = dict(json_options(whitespace, separators), lenient=True)
     warnings: list[str] = []
