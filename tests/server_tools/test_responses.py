@@ -154,3 +154,16 @@ def test_strict_schema_of_openai_helper_for_nested_models():
     tr = tool_request_of({"tools": [{"type": "function", "function": {"name": "plan", "strict": True,
                                                                       "parameters": schema}}]})
     assert tr.tools[0].parameters == schema
+
+
+def test_length_error_rows():
+    from dgemma_struct.errors import LengthError
+
+    half = LengthError("out of max_tokens", partial_text='<|tool_call>call:add{a:<|"|>')
+    c = completion([chat_choice(0, half, TOOLS)])
+    assert c.choices[0].finish_reason == "length" and c.choices[0].message.content is None
+    assert c.choices[0].message.tool_calls is None
+    text = LengthError("out of max_tokens", partial_text="The weather")
+    assert chat_message(text, TOOLS) == ({"role": "assistant", "content": "The weather", "refusal": None}, "length")
+    with pytest.raises(openai.LengthFinishReasonError):   # what the SDK's stream helpers raise, as for OpenAI
+        _accumulate(stream_chunks(half, TOOLS, rid="r", model="m", created=1))

@@ -15,8 +15,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from dgemma_struct.errors import PromptTooLongError
-from dgemma_struct.tools import TOOL_CHOICES, Tool, ToolCall, ToolCallError, ToolCallResult, normalise_tools
+from dgemma_struct.errors import LengthError, PromptTooLongError
+from dgemma_struct.tools import MARKER_TOKENS, TOOL_CHOICES, Tool, ToolCall, ToolCallError, ToolCallResult, normalise_tools
 
 __all__ = ["ToolRequest", "ToolRequestError", "tool_request_of", "template_messages", "chat_prompt", "compile_for",
            "check_context", "chat_message", "chat_choice", "stream_chunks", "api_error", "new_call_id",
@@ -405,9 +405,16 @@ def _wire_call(call: ToolCall) -> dict[str, Any]:
 
 
 def chat_message(result: Any, tool_req: ToolRequest) -> tuple[dict[str, Any], str]:
-    """``(message, finish_reason)`` of a chat choice: with calls, ``content`` is null and the calls
+    """``(message, finish_reason)`` of a chat choice (``result``: a generation result, a
+    :class:`ToolCallResult` or the :class:`LengthError` of a row that ran out of ``max_tokens``,
+    answered as OpenAI does: ``finish_reason: "length"``, no call). With calls, ``content`` is null and the calls
     are in ``tool_calls`` (``finish_reason: "tool_calls"``), or in ``function_call`` for a legacy
     request (the first call; ``finish_reason: "function_call"``); without, the text answer."""
+    if isinstance(result, LengthError):
+        # as OpenAI: 200 with finish_reason "length"; a half-written call is never shown as a call
+        partial = result.partial_text or ""
+        text = None if partial.lstrip().startswith(MARKER_TOKENS["call_open"]) else partial
+        return {"role": "assistant", "content": text, "refusal": None}, "length"
     res = tool_result_of(result)
     if not res.calls:
         finish = res.stats.finish_reason if res.stats.finish_reason in ("stop", "length") else "stop"
@@ -437,18 +444,17 @@ def stream_chunks(result: Any, tool_req: ToolRequest, *, rid: str, model: str, c
     first delta with ``index``/``id``/``type``/``function.name`` and ``arguments: ""``, then argument
     fragments, and a last chunk with an empty delta and the finish reason. Legacy requests stream
     ``function_call`` deltas; a text answer streams its content."""
-    res = tool_result_of(result)
-
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                 "system_fingerprint": None,
                 "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
-    message, finish = chat_message(res, tool_req)
-    out = [chunk({"role": "assistant", "content": None if res.calls else ""})]
-    if not res.calls:
-        if res.content:
-            out.append(chunk({"content": res.content}))
+    message, finish = chat_message(result, tool_req)
+    calls = message.get("tool_calls") or message.get("function_call")
+    out = [chunk({"role": "assistant", "content": None if calls else ""})]
+    if not calls:
+        if message["content"]:
+            out.append(chunk({"content": message["content"]}))
     elif tool_req.legacy:
         fc = message["function_call"]
         out.append(chunk({"function_call": {"name": fc["name"], "arguments": ""}}))
