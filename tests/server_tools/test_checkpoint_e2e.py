@@ -90,3 +90,20 @@ def test_too_many_tools_for_the_context(real_shape_runtime):
 
     with pytest.raises(PromptTooLongError, match="100 tool declarations"):
         check_context(n_prompt, 16, real_shape_runtime.max_context, tr)
+
+
+@pytest.mark.parametrize("choice", ["none", "auto"])
+def test_none_and_auto(real_shape_runtime, choice):
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER, ADD], "tool_choice": choice}
+    _, res, c = _serve(real_shape_runtime, body, max_new_tokens=16, mode="ar", max_repairs=1, seed=2)
+    ch = c.choices[0]
+    if choice == "none" or not ch.message.tool_calls:
+        assert ch.finish_reason in ("stop", "length") and isinstance(ch.message.content, str)
+        for marker in ("<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>"):
+            assert marker not in ch.message.content
+        if choice == "none":
+            assert res.value.calls == []
+    else:
+        assert ch.finish_reason == "tool_calls"
+        for call in ch.message.tool_calls:
+            assert call.function.name in ("get_weather", "add")
