@@ -96,11 +96,11 @@ def test_deadline_starts_when_the_request_runs(rt):
 
 
 def test_short_requests_behind_a_long_one_do_not_time_out(rt):
-    with running_server(rt, max_batch_size=1, max_wait_ms=0, request_timeout_s=20, queue_timeout_s=120,
+    with running_server(rt, max_batch_size=1, max_wait_ms=0, request_timeout_s=15, queue_timeout_s=120,
                         max_tokens_cap=256) as url:
         async def go():
             async with httpx.AsyncClient(base_url=url, timeout=180) as c:
-                long = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 200,
+                long = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 120,
                                                              "response_format": {"type": "json_object"}})
                 shorts = [c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 8,
                                                                 "guided_choice": ["yes", "no"]}) for _ in range(4)]
@@ -127,17 +127,17 @@ def test_huge_compiles_do_not_fail_other_requests(rt):
         async def go():
             async with httpx.AsyncClient(base_url=url, timeout=300) as c:
                 huge = [c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 8,
-                                                             "guided_json": _huge_schema(6000, k)}) for k in range(3)]
+                                                             "guided_json": _huge_schema(6000, k)}) for k in range(2)]
                 known = [c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 24, "guided_json": GOOD})
                          for _ in range(3)]
                 new = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 8,
                                                            "guided_regex": "[a-f]{4}"})
                 return await asyncio.gather(*huge, *known, new)
         rs = asyncio.run(go())
-        for r in rs[:3]:
+        for r in rs[:2]:
             assert r.status_code in (200, 400), r.text
             if r.status_code == 400:
                 assert r.json()["error"]["code"] == "constraint_too_complex"
-        for r in rs[3:]:
+        for r in rs[2:]:
             assert r.status_code == 200, r.text
         assert httpx.get(url + "/health").json()["status"] == "ok"
