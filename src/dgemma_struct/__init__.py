@@ -18,7 +18,9 @@ from dgemma_struct.constraints import Choice, Constraint, Grammar, JsonSchema, R
 from dgemma_struct.errors import DgemmaStructError
 from dgemma_struct.hooks import NullHook, StepHook, StepView
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
-from dgemma_struct.runtime import DiffusionRuntime
+from dgemma_struct.grounding import Grounded, GroundedResult, generate_grounded, generate_grounded_batch
+from dgemma_struct.runtime import ChatPrompt, DiffusionRuntime
+from dgemma_struct.tools import Tool, ToolCall, ToolCallResult, generate_tool_calls
 
 __version__ = "0.1.0"
 __all__ = [
@@ -26,5 +28,6 @@ __all__ = [
     "generate_json_batch", "agenerate", "agenerate_json", "stream", "stream_json", "partial_json", "constraint_for",
     "compile_constraint", "Constraint", "Regex", "Grammar", "Choice", "JsonSchema", "DiffusionRuntime",
     "GenerationResult", "GenerationStats", "CanvasEvent", "StepHook", "StepView", "NullHook", "DgemmaStructError",
-    "__version__",
+    "generate_grounded", "generate_grounded_batch", "Grounded", "GroundedResult", "generate_tool_calls", "Tool",
+    "ToolCall", "ToolCallResult", "ChatPrompt", "__version__",
 ]

@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from dgemma_struct.constraints import Choice, Constraint, Grammar, Regex, compile_constraint
+from dgemma_struct.constraints.thinking import with_thinking
 from dgemma_struct.errors import (ChoiceError, DgemmaStructError, GenerationFailed, GenerationTimeout,
                                   InvalidRequestError, LengthError)
 from dgemma_struct.guide import ConstraintGuide
 from dgemma_struct.repair import char_to_token_index, error_char_offset
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
-from dgemma_struct.runtime import (MAX_SEED, MODES, DiffusionRuntime, Prompt, check_max_new_tokens, check_sampling,
-                                   check_seed, fresh_seed)
+from dgemma_struct.runtime import (MAX_SEED, MODES, ChatPrompt, DiffusionRuntime, Prompt, check_max_new_tokens,
+                                   check_sampling, check_seed, fresh_seed)
 
 MAX_N = 64          # samples per request (``n``)
 WHITESPACE = ("compact", "model", "flexible")
@@ -250,7 +251,9 @@ class _Session:
     def offending_prefix(self, tokens: list[int], issues) -> list[int]:
         """Tokens before the earliest offending value (where renoising restarts)."""
         text = self.text_of(tokens)
-        offset = error_char_offset(text, [i.path for i in issues]) if self.c.kind == "json" else 0
+        reasoning, answer = split_reasoning(self.c, text)
+        skip = len(text) - len(answer)  # a thought block before the answer is kept as it is
+        offset = skip + (error_char_offset(answer, [i.path for i in issues]) if self.c.kind == "json" else 0)
         pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
         return tokens[:char_to_token_index(pieces, offset)]
 
@@ -332,14 +335,16 @@ class _Session:
         s.tokens_per_forward = (len(a.tokens) + 1) / s.forward_passes if s.forward_passes else 0.0
         s.other_s = max(0.0, s.wall_s - s.model_s)
         s.finish_reason = "stop"
-        return GenerationResult(text=self.text_of(a.tokens), token_ids=a.tokens, stats=s, value=outcome.value)
+        reasoning, text = split_reasoning(self.c, self.text_of(a.tokens))
+        return GenerationResult(text=text, token_ids=a.tokens, stats=s, value=outcome.value, reasoning=reasoning)
 
 
 def _session(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, *, max_new_tokens: int, seed: int | None,
              mode: str, max_repairs: int, strict: bool, fallback: bool, timeout_s: float | None,
              whitespace: str, progress: bool = True, repair_junk: bool = True,
              close_on_budget: bool = True, temperature: float | None = None, top_p: float = 1.0,
-             separators: tuple[str, str] | None = None) -> _Session:
+             separators: tuple[str, str] | None = None, thinking: bool | str = False,
+             max_thinking_tokens: int = 1024) -> _Session:
     _check_options(max_new_tokens, mode, max_repairs, seed=seed, timeout_s=timeout_s, temperature=temperature,
                    top_p=top_p, strict=strict, fallback=fallback, progress=progress, repair_junk=repair_junk,
                    close_on_budget=close_on_budget)
@@ -347,6 +352,7 @@ def _session(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, *, max
     if spec is None:
         raise InvalidRequestError("spec is None: pass a pydantic model, a JSON Schema, Regex, Grammar or Choice")
     constraint = constraint_for(spec, rt, strict=strict, whitespace=whitespace, separators=separators)
+    constraint, prompt = _apply_thinking(constraint, prompt, rt, thinking, max_thinking_tokens)
     need = _min_length_tokens(constraint)
     if need > max_new_tokens:
         raise LengthError(f"every output of this constraint needs at least {need} tokens, "
@@ -361,12 +367,38 @@ def _session(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, *, max
                     top_p=top_p)
 
 
+def split_reasoning(constraint: Constraint, text: str) -> tuple[str | None, str]:
+    """``(thought, answer)`` of decoded text under ``constraint`` (no thought: ``(None, text)``)."""
+    split = getattr(constraint, "split_reasoning", None)
+    return split(text) if split is not None else (None, text)
+
+
+def _apply_thinking(constraint: Constraint, prompt: Prompt, rt: DiffusionRuntime, thinking: Any,
+                    max_thinking_tokens: int) -> tuple[Constraint, Prompt]:
+    """``thinking=True``: the chat template's thinking switch on and a thought block required before
+    the answer; ``"optional"``: switched on, the block allowed; ``False``: no thought block can start
+    (the plain constraint never allows a control token)."""
+    if thinking is False or thinking is None:
+        return constraint, prompt
+    if thinking not in (True, "optional"):
+        raise InvalidRequestError(f"thinking must be True, False or 'optional', got {thinking!r}")
+    wrapped = with_thinking(constraint, rt.tokenizer, required=thinking is True,
+                            max_thinking_tokens=max_thinking_tokens)
+    if isinstance(prompt, ChatPrompt):
+        prompt = ChatPrompt(prompt.messages, prompt.tools, {**prompt.template_kwargs, "enable_thinking": True})
+    else:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        prompt = ChatPrompt(messages, None, {"enable_thinking": True})
+    return wrapped, prompt
+
+
 def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None, max_new_tokens: int = 128,
              seed: int | None = 0, mode: str = "diffusion", max_repairs: int = 2, strict: bool = False,
              fallback: bool = True, timeout_s: float | None = None, whitespace: str = "compact",
              progress: bool = True, repair_junk: bool = True, close_on_budget: bool = True,
              return_details: bool = False, temperature: float | None = None, top_p: float = 1.0, n: int = 1,
-             separators: tuple[str, str] | None = None) -> Any:
+             separators: tuple[str, str] | None = None, thinking: bool | str = False,
+             max_thinking_tokens: int = 1024) -> Any:
     """Generate an output that satisfies ``spec`` (pydantic model, JSON-Schema dict, ``Regex``,
     ``Grammar``, ``Choice``, ``Literal``/``Enum`` type, or a compiled ``Constraint``).
 
@@ -387,8 +419,15 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
     ``close_on_budget``: near the end of ``max_new_tokens`` the allowed tokens that close the output
     (``"``, ``}``, ``]``, EOS) are preferred, so a long string is cut short instead of the request
     failing with :class:`~dgemma_struct.errors.LengthError` (``stats.budget_closing`` tells).
-    Set it to False to get the error instead."""
+    Set it to False to get the error instead.
+
+    ``thinking``: ``True`` lets the model think first (Gemma 4's thought channel, switched on in the
+    chat template; a thought block of at most ``max_thinking_tokens`` is required before the
+    answer), ``"optional"`` allows one, ``False`` (default) masks it out. The thought is returned
+    as ``result.reasoning`` and never validated; it needs a tokenizer with the channel tokens."""
     _check_options(max_new_tokens, mode, max_repairs, seed=seed, n=n, return_details=return_details)
+    if n != 1 and thinking not in (False, None):
+        raise InvalidRequestError("thinking is not supported with n > 1 yet")
     if n != 1:
         base = fresh_seed() if seed is None else seed
         results = generate_batch([prompt] * n, spec, runtime=runtime, max_new_tokens=max_new_tokens,
@@ -401,7 +440,7 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
                        max_repairs=max_repairs, strict=strict, fallback=fallback, timeout_s=timeout_s,
                        whitespace=whitespace, progress=progress, repair_junk=repair_junk,
                        close_on_budget=close_on_budget, temperature=temperature, top_p=top_p,
-                       separators=separators)
+                       separators=separators, thinking=thinking, max_thinking_tokens=max_thinking_tokens)
     result = session.solve()
     return result if return_details else result.value
 

@@ -38,16 +38,19 @@ class GenerationStats:
 @dataclass
 class GenerationResult:
     """``text`` and ``token_ids`` are the generated continuation (prompt excluded, special
-    tokens and padding removed from ``text``); ``value`` is set by the constrained API."""
+    tokens and padding removed from ``text``); ``value`` is set by the constrained API.
+    ``reasoning``: with ``thinking=``, the model's thought (never part of ``text`` or ``value``)."""
 
     text: str
     token_ids: list[int]
     stats: GenerationStats = field(default_factory=GenerationStats)
     value: Any = None
+    reasoning: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         value = self.value.model_dump() if hasattr(self.value, "model_dump") else self.value
-        return {"text": self.text, "token_ids": self.token_ids, "value": value, "stats": self.stats.to_dict()}
+        return {"text": self.text, "token_ids": self.token_ids, "value": value, "reasoning": self.reasoning,
+                "stats": self.stats.to_dict()}
 
 
 @dataclass

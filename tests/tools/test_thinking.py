@@ -28,7 +28,7 @@ def test_optional_thought_then_the_constrained_answer(gemma4_tokenizer, spec, an
 
 def test_required_thought_and_the_token_cap(gemma4_tokenizer):
     inner = compile_constraint(SCHEMA, gemma4_tokenizer, stop_token_ids=STOPS)
-    c = with_thinking(inner, gemma4_tokenizer, required=True, max_thinking_tokens=6)
+    c = with_thinking(inner, gemma4_tokenizer, required=True, max_thinking_tokens=3)  # <= 12 characters
     assert c.matches(T.format("short") + '{"a":1}')
     assert not c.matches('{"a":1}')
     assert not c.matches(T.format("a thought far longer than six tokens, word after word after word") + '{"a":1}')

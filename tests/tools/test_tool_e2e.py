@@ -61,3 +61,16 @@ def test_budget_too_small_for_any_call_is_a_length_error(runtime):
     with pytest.raises(LengthError):
         generate_tool_calls("Weather?", [GetWeather], tool_choice="required", runtime=runtime, max_new_tokens=4,
                             mode="ar")
+
+
+def test_thinking_then_json(runtime):
+    """thinking=True: a thought block first (returned as .reasoning, never validated), then the value."""
+    from dgemma_struct import generate
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    res = generate("Is 2+2=4? Answer as JSON.", schema, runtime=runtime, max_new_tokens=24, thinking=True,
+                   max_thinking_tokens=4, return_details=True, max_repairs=1)
+    assert res.reasoning is not None and len(res.reasoning) <= 16
+    assert isinstance(res.value["ok"], bool) and "<|channel>" not in res.text and "<channel|>" not in res.text
+    import json
+    assert json.loads(res.text) == res.value

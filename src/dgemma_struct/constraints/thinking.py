@@ -3,7 +3,8 @@
 With thinking on, DiffusionGemma may (or, when required, must) write
 ``<|channel>thought\\n…<channel|>`` before its answer. :func:`with_thinking` wraps a compiled
 constraint so that the grammar allows that block — the markers only as their single control-token
-ids, the thought capped at ``max_thinking_tokens`` — followed by the constrained answer; validation
+ids, the thought capped at about ``max_thinking_tokens`` (enforced as ``4 * max_thinking_tokens``
+characters) — followed by the constrained answer; validation
 strips the thought and checks only the answer. With thinking off the plain constraint is used: it
 never allows a control token, so no thought block can start.
 
@@ -22,6 +23,10 @@ from .compile import Constraint, ValidationOutcome
 THOUGHT_OPEN, THOUGHT_CLOSE = "<|channel>", "<channel|>"
 THOUGHT_HEADER = "thought\n"
 MAX_THINKING_TOKENS = 8192
+# The cap is enforced in characters: llguidance cannot roll back a token-capped (``max_tokens``)
+# lexeme, and the canvas walker rolls back on every step. 4 characters per token is the usual
+# average of SentencePiece text; the request's token budget bounds the total in any case.
+CHARS_PER_TOKEN = 4
 
 
 def _channel_ids(constraint: Constraint, tokenizer: Any) -> tuple[int, int]:
@@ -61,7 +66,7 @@ class ThinkingConstraint(Constraint):
         outer = {"name": "thinking", "lark_grammar": (
             f"start: thought{q} @{name}\n"
             f'thought: <[{open_id}]> {json.dumps(THOUGHT_HEADER)} body <[{close_id}]>\n'
-            f"body[max_tokens={max_thinking_tokens}]: /(?s:.*)/\n")}
+            f"body: /(?s:.{{0,{CHARS_PER_TOKEN * max_thinking_tokens}}})/\n")}
         grammar = json.dumps({"grammars": [outer, *subs]})
         super().__init__(inner.kind, grammar, inner.tokenizer_info, schema=inner.schema,
                          semantic_keywords=inner.semantic_keywords, validator=inner._validator,
