@@ -167,3 +167,26 @@ def test_length_error_rows():
     assert chat_message(text, TOOLS) == ({"role": "assistant", "content": "The weather", "refusal": None}, "length")
     with pytest.raises(openai.LengthFinishReasonError):   # what the SDK's stream helpers raise, as for OpenAI
         _accumulate(stream_chunks(half, TOOLS, rid="r", model="m", created=1))
+
+
+def test_completion_body_and_sse_events():
+    from dgemma_struct.errors import LengthError
+    from dgemma_struct.server.tool_calls import completion_body, row_tokens, sse_events
+
+    class Row:
+        value = TWO
+        token_ids = [1, 2, 3]
+    half = LengthError("x", partial_text="abc")
+    assert row_tokens(Row(), len) == 3 and row_tokens(half, len) == 3
+    body = completion_body([Row(), half], TOOLS, rid="chatcmpl-9", model="m", created=5, prompt_tokens=10,
+                           completion_tokens=6)
+    c = ChatCompletion.model_validate(body)
+    assert [ch.finish_reason for ch in c.choices] == ["tool_calls", "length"] and c.usage.total_tokens == 16
+    events = list(sse_events([Row()], TOOLS, rid="chatcmpl-9", model="m", created=5,
+                             usage={"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}))
+    assert events[-1] == "data: [DONE]\n\n" and all(e.startswith("data: ") and e.endswith("\n\n") for e in events)
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert ChatCompletionChunk.model_validate(chunks[-1]).usage.total_tokens == 3
+    final = _accumulate(chunks)
+    assert [json.loads(t.function.arguments) for t in final.choices[0].message.tool_calls] == \
+        [x.arguments for x in TWO.calls]

@@ -20,7 +20,7 @@ from dgemma_struct.tools import MARKER_TOKENS, TOOL_CHOICES, Tool, ToolCall, Too
 
 __all__ = ["ToolRequest", "ToolRequestError", "tool_request_of", "template_messages", "chat_prompt", "compile_for",
            "check_context", "chat_message", "chat_choice", "stream_chunks", "api_error", "new_call_id",
-           "tool_result_of"]
+           "tool_result_of", "row_tokens", "completion_body", "sse_events"]
 
 #: Request fields this module reads (the server's pydantic models keep them as extra fields).
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
@@ -474,3 +474,34 @@ def api_error(err: ToolRequestError) -> Any:
     from .errors import APIError
 
     return APIError(400, str(err), param=err.param, code=err.code)
+
+
+def row_tokens(row: Any, count_tokens: Any) -> int:
+    """Completion tokens of a row (``count_tokens(text)`` for a :class:`LengthError`'s partial text)."""
+    if isinstance(row, LengthError):
+        return count_tokens(row.partial_text or "")
+    ids = getattr(row, "token_ids", None)
+    return len(ids) if ids is not None else 0
+
+
+def completion_body(rows: Sequence[Any], tool_req: ToolRequest, *, rid: str, model: str, created: int,
+                    prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The whole ``chat.completion`` body of a tool request (one choice per row)."""
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [chat_choice(i, r, tool_req) for i, r in enumerate(rows)], "system_fingerprint": None,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def sse_events(rows: Sequence[Any], tool_req: ToolRequest, *, rid: str, model: str, created: int,
+               usage: Mapping[str, int] | None = None) -> Iterator[str]:
+    """The SSE stream of a tool request: every row's chunks (:func:`stream_chunks`), the usage chunk
+    when ``usage`` is given (``stream_options.include_usage``), then ``data: [DONE]``."""
+    for i, row in enumerate(rows):
+        for c in stream_chunks(row, tool_req, rid=rid, model=model, created=created, index=i):
+            yield "data: " + json.dumps(c, ensure_ascii=True, separators=(",", ":")) + "\n\n"
+    if usage is not None:
+        tail = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+                "usage": dict(usage)}
+        yield "data: " + json.dumps(tail, separators=(",", ":")) + "\n\n"
+    yield "data: [DONE]\n\n"
