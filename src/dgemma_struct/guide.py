@@ -61,6 +61,10 @@ def closer_ids(walker: CanvasWalker) -> tuple[np.ndarray, np.ndarray, np.ndarray
         hit = _CLOSER_CACHE[info.key] = (
             *(np.asarray(sorted(d, key=lambda t: -d[t]), dtype=np.int64) for d in (quote, bracket)),
             np.asarray([single[b] for b in order], dtype=np.int64), bytes(order))
+    extra = tuple(getattr(walker.constraint, "closing_token_ids", ()))
+    if extra:  # a constraint's own closers (control tokens that end its strings / blocks) come first
+        quote, bracket, byte_ids, byte_values = hit
+        hit = (quote, np.concatenate([np.asarray(extra, dtype=np.int64), bracket]), byte_ids, byte_values)
     return hit
 
 

@@ -594,6 +594,8 @@ class ToolCallConstraint(Constraint):
         super().__init__("grammar", grammar, info, may_allow_specials=False,
                          description=f"tool calls over {len(tools)} tools ({choice})")
         self._marker_ids = {MARKER_TOKENS[role]: tid for role, tid in marker_ids.items()}
+        # budget-aware closing: the string delimiter and the call's end marker close what is open
+        self.closing_token_ids = (marker_ids["str"], marker_ids["call_close"])
         self.tools = {t.name: t for t in tools}
         self.tool_choice = choice
         self._validators = {t.name: make_validator(dict(t.parameters)) for t in tools}

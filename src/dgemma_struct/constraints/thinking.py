@@ -76,6 +76,7 @@ class ThinkingConstraint(Constraint):
         self.required = required
         self.max_thinking_tokens = max_thinking_tokens
         self._open_id, self._close_id = open_id, close_id
+        self.closing_token_ids = (close_id, *getattr(inner, "closing_token_ids", ()))
         for attr in ("choices",):
             if hasattr(inner, attr):
                 setattr(self, attr, getattr(inner, attr))
