@@ -12,7 +12,8 @@ CONVERSATION = [
     {"role": "developer", "content": "Be brief."},
     {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo, "}, {"type": "text", "text": "and 2+3?"}]},
     {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}},
+        {"id": "call_a", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 2}'}},
         {"id": "call_b", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
     {"role": "tool", "tool_call_id": "call_b", "content": "5"},
     {"role": "tool", "tool_call_id": "call_a", "content": [{"type": "text", "text": "3 C, rain"}]},

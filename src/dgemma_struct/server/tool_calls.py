@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from dgemma_struct.errors import LengthError, PromptTooLongError
-from dgemma_struct.tools import MARKER_TOKENS, TOOL_CHOICES, Tool, ToolCall, ToolCallError, ToolCallResult, normalise_tools
+from dgemma_struct.tools import (MARKER_TOKENS, TOOL_CHOICES, Tool, ToolCall, ToolCallError, ToolCallResult,
+                                 normalise_tools)
 
 __all__ = ["ToolRequest", "ToolRequestError", "tool_request_of", "template_messages", "chat_prompt", "compile_for",
-           "check_context", "prepare_tokenizer", "chat_message", "chat_choice", "stream_chunks", "api_error", "new_call_id",
-           "tool_result_of", "row_tokens", "completion_body", "sse_events"]
+           "check_context", "prepare_tokenizer", "chat_message", "chat_choice", "stream_chunks", "api_error",
+           "new_call_id", "tool_result_of", "row_tokens", "completion_body", "sse_events"]
 
 #: Request fields this module reads (the server's pydantic models keep them as extra fields).
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
@@ -292,9 +293,8 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
                         raise _fail(f"{cp}.id must be a string", f"{cp}.id", "invalid_message")
                     names_by_id[cid] = fn["name"]
                     pending.append(cid)
-                    conv.append({"id": cid, "type": "function",
-                                 "function": {"name": fn["name"],
-                                              "arguments": _arguments(fn.get("arguments"), f"{cp}.function.arguments")}})
+                    args = _arguments(fn.get("arguments"), f"{cp}.function.arguments")
+                    conv.append({"id": cid, "type": "function", "function": {"name": fn["name"], "arguments": args}})
                 if conv:
                     msg["tool_calls"] = conv
             if content is None and "tool_calls" not in msg:
@@ -311,7 +311,7 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
             if cid is not None and cid in names_by_id:
                 name = name or names_by_id[cid]
             elif cid is not None and name is None:
-                raise _fail(f"{param}.tool_call_id {cid!r} matches no earlier assistant tool call", 
+                raise _fail(f"{param}.tool_call_id {cid!r} matches no earlier assistant tool call",
                             f"{param}.tool_call_id", "unknown_tool_call_id")
             if name is None:
                 raise _fail(f"{param}: a tool message needs a tool_call_id (or a name)", f"{param}.tool_call_id",
