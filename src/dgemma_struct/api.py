@@ -477,7 +477,8 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                    whitespace: str = "compact", progress: bool = True, repair_junk: bool = True,
                    close_on_budget: bool = True, return_exceptions: bool = False,
                    row_stop: Sequence[Callable[[], bool] | None] | None = None, temperature: float | None = None,
-                   top_p: float = 1.0, separators: tuple[str, str] | None = None) -> list[Any]:
+                   top_p: float = 1.0, separators: tuple[str, str] | None = None, thinking: bool | str = False,
+                   max_thinking_tokens: int = 1024) -> list[Any]:
     """Constrained generation for many prompts in one batched canvas loop; each row has its own
     constraint (``specs`` is one spec for all rows or one per row). Rows that fail validation are
     repaired one by one. Returns :class:`GenerationResult` objects (or, with
@@ -489,7 +490,9 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
 
     ``row_stop``: per prompt, an optional callable polled every denoising step; when it returns
     True that row is dropped at once (a server's caller timed out or disconnected) and its place
-    holds a :class:`~dgemma_struct.errors.GenerationTimeout`, without holding up the batch."""
+    holds a :class:`~dgemma_struct.errors.GenerationTimeout`, without holding up the batch.
+
+    ``thinking`` / ``max_thinking_tokens``: as in :func:`generate`, for every row."""
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise InvalidRequestError(f"prompts must be a list, got {type(prompts).__name__}")
     if not isinstance(specs, (list, tuple)):
@@ -512,7 +515,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
     opts = dict(max_new_tokens=max_new_tokens, mode=mode, max_repairs=max_repairs, strict=strict,
                 fallback=fallback, timeout_s=timeout_s, whitespace=whitespace, progress=progress,
                 repair_junk=repair_junk, close_on_budget=close_on_budget, temperature=temperature, top_p=top_p,
-                separators=separators)
+                separators=separators, thinking=thinking, max_thinking_tokens=max_thinking_tokens)
     _check_options(max_new_tokens, mode, max_repairs, timeout_s=timeout_s, temperature=temperature, top_p=top_p)
     rt = _runtime(runtime)
     sessions: list[_Session | DgemmaStructError] = []

@@ -65,6 +65,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             print(f"  {'':9s} stats: {s.forward_passes} forward passes, {s.tokens_per_forward:.2f} tokens/forward, "
                   f"{s.forced_tokens} forced tokens, {s.repairs} repairs, fallback={s.fallback}, "
                   f"{s.wall_s * 1000:.0f} ms ({s.mask_s * 1000:.0f} ms constraint work)")
+    from dgemma_struct.grounding import demo as grounded_demo
+
+    print("\n" + grounded_demo(rt, seed=args.seed))
     return 0
 
 

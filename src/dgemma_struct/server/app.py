@@ -30,13 +30,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from dgemma_struct.api import constraint_for
 from dgemma_struct.errors import (ConstraintCompileTimeout, DgemmaStructError, GenerationTimeout, LengthError,
                                   ModelLoadError)
+from dgemma_struct.constraints import Regex
+from dgemma_struct.constraints.thinking import THOUGHT_CLOSE, THOUGHT_OPEN
+from dgemma_struct.errors import GroundingError
+from dgemma_struct.grounding import (compile_grounded, grounded_sources, grounding_options, has_grounding,
+                                     prompt_with_sources)
 from dgemma_struct.runtime import DiffusionRuntime
 
 from .batcher import Batcher, QueueFull, ShuttingDown
 from .compile_pool import CompilePool
 from .errors import APIError, api_error_for, error_body, safe_json_bytes
 from .protocol import (ChatCompletionRequest, CompletionRequest, apply_stop, check_text, prompt_of_messages,
-                       spec_of, stops_of)
+                       spec_of, stops_of, thinking_of)
+
+_FREE_TEXT = r"[\s\S]*"   # the constraint a thinking request without an output constraint answers under
 
 
 @dataclass
@@ -172,6 +179,62 @@ class ServerState:
                 raise APIError(400, f"cannot compile the constraint: {type(err).__name__}: {err}", param=param,
                                code="invalid_constraint") from None
 
+    def check_thinking(self, param: str | None) -> None:
+        """A 400 unless the tokenizer has Gemma 4's thought-channel control tokens."""
+        tok = self.runtime.tokenizer
+        for t in THOUGHT_OPEN, THOUGHT_CLOSE:
+            try:
+                tid = tok.convert_tokens_to_ids(t)
+                ok = isinstance(tid, int) and tid >= 0 and tok.convert_ids_to_tokens(tid) == t
+            except Exception:  # noqa: BLE001 - tokenizers without the methods
+                ok = False
+            if not ok:
+                raise APIError(400, f"this model's tokenizer has no thought-channel token {t} (Gemma 4's "
+                                    "<|channel>/<channel|>): thinking is not supported by this model",
+                               param=param, code="thinking_unsupported")
+
+    def grounding_of(self, req: Any, spec: Any, param: str | None) -> dict | None:
+        """The request's grounding options (``grounding_options``), ``{}`` when only the schema marks
+        fields (``x-grounded``), ``None`` when the request is not grounded."""
+        given = req.grounding
+        try:
+            opts = grounding_options(given) if given not in (None, False) else None
+            marked = isinstance(spec, dict) and has_grounding(spec)
+        except DgemmaStructError as err:
+            raise api_error_for(err, param="grounding") from None
+        if opts is None and not marked:
+            return None
+        if not isinstance(spec, dict):
+            raise APIError(400, "grounding needs a JSON Schema output constraint (response_format json_schema, "
+                                "structured_outputs.json or guided_json)", param="grounding",
+                           code="invalid_grounding")
+        return opts or {}
+
+    def _compile_grounded_blocking(self, spec: Any, prompt: Any, opts: dict) -> Any:
+        rt = self.runtime
+        return compile_grounded(spec, rt.tokenizer, source=grounded_sources(prompt, opts.get("source")),
+                                ground=opts.get("ground"), granularity=opts.get("granularity", "words"),
+                                stop_token_ids=rt.eos_token_ids, vocab_size=rt.model.config.text_config.vocab_size)
+
+    async def compile_grounded(self, spec: Any, prompt: Any, opts: dict, param: str | None) -> Any:
+        """A grounded constraint for one prompt, built on the compile executor (bounded slots and
+        the compile timeout; the grammar is built in-process, not in a probe worker)."""
+        loop = asyncio.get_running_loop()
+        limit = self.config.compile_timeout_s
+        async with self.compile_sem:
+            try:
+                return await asyncio.wait_for(loop.run_in_executor(
+                    self.compile_executor, functools.partial(self._compile_grounded_blocking, spec, prompt, opts)),
+                    limit)
+            except asyncio.TimeoutError:
+                raise APIError(400, f"compiling the grounded constraint took longer than {limit:g} s",
+                               param=param, code="constraint_too_complex") from None
+            except DgemmaStructError as err:
+                raise api_error_for(err, param="grounding" if isinstance(err, GroundingError) else param) from None
+            except RecursionError:
+                raise APIError(400, "the constraint is nested too deeply", param=param,
+                               code="constraint_too_complex") from None
+
     def check(self, req: Any) -> int:
         if req.model not in (None, "", self.model_id):
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {self.model_id!r}",
@@ -257,38 +320,66 @@ class ServerState:
         stops = stops_of(req)                    # validated either way ...
         if spec is not None:
             stops = []                           # ... but a constraint decides where its output ends
-        constraint = await self.compile(spec, param)
+        thinking, think_param = thinking_of(req)
+        if thinking is not False:
+            self.check_thinking(think_param)
+            if spec is None:                     # free text after the thought (stop sequences still apply)
+                spec = Regex(_FREE_TEXT)
+        grounded = self.grounding_of(req, spec, param)
+        if grounded is not None:
+            # one grounded constraint per prompt: the source defaults to that prompt's text
+            specs = [await self.compile_grounded(spec, p, grounded, param) for p in prompts]
+            prompts = [prompt_with_sources(p, c.sources) for p, c in zip(prompts, specs)]
+        else:
+            constraint = await self.compile(spec, param)
+            specs = [constraint] * len(prompts)
         n_prompt = await asyncio.to_thread(lambda: [self.prompt_tokens(p) for p in prompts])
         seed = None if req.seed is None else int(req.seed) % (2 ** 63)
         sampling = {"temperature": req.temperature, "top_p": req.top_p}
         timeout = self.config.request_timeout_s
-        if req.stream and self.config.stream_live:
+        think = {"thinking": thinking, "max_thinking_tokens": req.max_thinking_tokens} if thinking is not False else {}
+        if req.stream and self.config.stream_live and not think and grounded is None:
+            constraint = specs[0]
             if len(prompts) != 1 or n != 1:
                 raise APIError(400, "live streaming takes one prompt and n=1", param="n",
                                code="unsupported_parameter")
             return await self.stream_live(req, prompts[0], constraint, max_tokens, seed, n_prompt[0], stops,
                                           sampling, chat=chat)
-        coros = [self.batcher.submit(p, constraint, max_new_tokens=max_tokens,
+        coros = [self.batcher.submit(p, c, max_new_tokens=max_tokens,
                                      seed=None if seed is None else (seed + j) % (2 ** 63), timeout_s=timeout,
-                                     **sampling)
-                 for p in prompts for j in range(n)]
+                                     **sampling, **think)
+                 for p, c in zip(prompts, specs) for j in range(n)]
         try:
             results = await self._gather(coros, request, param)
         except _ClientGone:
             return Response(status_code=499)
         rows = [self._choice(r, stops) for r in results]
+        # extensions on each choice: the thought (vLLM's reasoning_content) and the grounded spans
+        row_specs = [c for c in specs for _ in range(n)]
+        extras: list[dict[str, Any]] = []
+        for r, c, row in zip(results, row_specs, rows):
+            extra: dict[str, Any] = {}
+            if think:
+                extra["reasoning_content"] = getattr(r, "reasoning", None)
+            if grounded is not None:
+                extra["grounding"] = _spans_of(c, row[0]) if row[1] != "length" else None
+            extras.append(extra)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         prompt_total = sum(n_prompt) * n
         completion = sum(r[2] for r in rows)
         if req.stream:
-            return self.stream_validated(req, rid, rows, prompt_total, chat=chat)
+            return self.stream_validated(req, rid, rows, prompt_total, chat=chat, extras=extras)
         choices = []
-        for i, (text, finish, _, _) in enumerate(rows):
+        for i, ((text, finish, _, _), extra) in enumerate(zip(rows, extras)):
+            reasoning = {"reasoning_content": extra["reasoning_content"]} if "reasoning_content" in extra else {}
+            more = {k: v for k, v in extra.items() if k != "reasoning_content"}
             if chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                                "logprobs": None, "finish_reason": finish})
+                choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None,
+                                                        **reasoning},
+                                "logprobs": None, "finish_reason": finish, **more})
             else:
-                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish})
+                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish, **reasoning,
+                                **more})
         stats = [r[3] for r in rows]
         body = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.model_id, "choices": choices, "system_fingerprint": None,
@@ -302,16 +393,22 @@ class ServerState:
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def chunk(text: str | None, finish: str | None, *, index: int = 0, role: bool = False,
-                  extra: dict | None = None) -> str:
+                  extra: dict | None = None, reasoning: str | None = None, choice_extra: dict | None = None) -> str:
             if chat:
                 delta: dict[str, Any] = {}
                 if role:
                     delta["role"] = "assistant"
+                if reasoning is not None:
+                    delta["reasoning_content"] = reasoning
                 if text is not None:
                     delta["content"] = text
                 choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+                if reasoning is not None:
+                    choice["reasoning_content"] = reasoning
+            if choice_extra:
+                choice.update(choice_extra)
             body = {"id": rid, "object": obj, "created": created, "model": self.model_id, "choices": [choice]}
             if extra:
                 body.update(extra)
@@ -325,7 +422,7 @@ class ServerState:
         return chunk, usage
 
     def stream_validated(self, req: Any, rid: str, rows: list[tuple], n_prompt: int, *,
-                         chat: bool) -> StreamingResponse:
+                         chat: bool, extras: list[dict] | None = None) -> StreamingResponse:
         """The default stream: the rows ran (and were validated and repaired) exactly as without
         streaming, then their text goes out as deltas. A stream therefore never diverges from
         what was sent, and every failure is a plain HTTP error before the stream starts."""
@@ -334,11 +431,15 @@ class ServerState:
 
         async def sse() -> AsyncIterator[str]:
             for i, (text, finish, _, _) in enumerate(rows):
+                extra = dict(extras[i]) if extras else {}
+                thought = extra.pop("reasoning_content", None) or ""
                 if chat:
                     yield chunk("", None, index=i, role=True)
+                for k in range(0, len(thought), _DELTA_CHARS):   # the thought first, as vLLM streams it
+                    yield chunk(None if chat else "", None, index=i, reasoning=thought[k:k + _DELTA_CHARS])
                 for k in range(0, len(text), _DELTA_CHARS):
                     yield chunk(text[k:k + _DELTA_CHARS], None, index=i)
-                yield chunk(None if chat else "", finish, index=i)
+                yield chunk(None if chat else "", finish, index=i, choice_extra=extra or None)
             if include_usage:
                 yield usage(n_prompt, sum(r[2] for r in rows))
             yield "data: [DONE]\n\n"
@@ -433,6 +534,15 @@ class ServerState:
 
 
 _DELTA_CHARS = 16
+
+
+def _spans_of(constraint: Any, text: str) -> dict | None:
+    """The grounding extension of one choice: ``{"spans": [...]}`` of its grounded values."""
+    try:
+        spans, _ = constraint.locate(json.loads(text))
+    except ValueError:
+        return None
+    return {"spans": [s.to_dict() for s in spans]}
 
 
 class _ClientGone(Exception):

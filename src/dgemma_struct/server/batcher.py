@@ -86,6 +86,8 @@ class Job:
     temperature: float | None = None
     top_p: float | None = None
     started: float | None = None
+    thinking: Any = False           # False, True (thought block required) or "optional"
+    max_thinking_tokens: int | None = None
 
     def start(self) -> None:
         """The worker starts running this job: its run deadline begins now."""
@@ -198,12 +200,14 @@ class Batcher:
 
     async def submit(self, prompt: Any, spec: Any, *, max_new_tokens: int, seed: int | None = 0,
                      timeout_s: float = 60.0, temperature: float | None = None,
-                     top_p: float | None = None) -> GenerationResult:
+                     top_p: float | None = None, thinking: Any = False,
+                     max_thinking_tokens: int | None = None) -> GenerationResult:
         """Queue one request and wait for its result; raises the row's typed error,
         :class:`QueueFull`, or :class:`GenerationTimeout` (``timeout_s`` after it started running,
         or when it waited longer than ``queue_timeout_s`` in the queue)."""
         job = self._job(prompt, spec, max_new_tokens, seed, timeout_s, temperature, top_p,
-                        future=asyncio.get_running_loop().create_future())
+                        future=asyncio.get_running_loop().create_future(), thinking=thinking,
+                        max_thinking_tokens=max_thinking_tokens)
         self._enqueue(job)
         try:
             waiter = asyncio.ensure_future(self._wait_started(job, timeout_s))
@@ -294,7 +298,8 @@ class Batcher:
                 groups: dict[tuple, list[Job]] = {}
                 per_row = _per_row_seeds(api.generate_batch) and _per_row_seeds(self.runtime.generate_ids)
                 for j in rows:
-                    key = (j.max_new_tokens, j.spec is None, j.sampling) + (() if per_row else (j.seed,))
+                    key = (j.max_new_tokens, j.spec is None, j.sampling, j.thinking, j.max_thinking_tokens) + (
+                        () if per_row else (j.seed,))
                     groups.setdefault(key, []).append(j)
                 for group in groups.values():
                     self._run_group(group)
@@ -313,6 +318,10 @@ class Batcher:
             kw["temperature"] = job.temperature
         if job.top_p is not None and _accepts(api.generate_batch, "top_p"):
             kw["top_p"] = job.top_p
+        if job.thinking not in (False, None):
+            kw["thinking"] = job.thinking     # generate_batch takes it (the server checked)
+            if job.max_thinking_tokens is not None:
+                kw["max_thinking_tokens"] = job.max_thinking_tokens
         return kw
 
     def _run_group(self, group: list[Job], *, isolated: bool = False) -> None:

@@ -72,6 +72,7 @@ _TABLE: list[tuple[type, int, str, str]] = [
     (E.RegexError, 400, "invalid_request_error", "invalid_regex"),
     (E.GrammarError, 400, "invalid_request_error", "invalid_grammar"),
     (E.ChoiceError, 400, "invalid_request_error", "invalid_choice"),
+    (E.GroundingError, 400, "invalid_request_error", "invalid_grounding"),
     (E.ConstraintError, 400, "invalid_request_error", "invalid_constraint"),
     (CompileCrashed, 400, "invalid_request_error", "constraint_engine_crash"),
     (E.ConstraintEngineError, 400, "invalid_request_error", "constraint_engine_error"),

@@ -68,6 +68,11 @@ class _Common(_Open):
     stream: Optional[bool] = False
     stream_options: Optional[dict[str, Any]] = None
     user: Optional[str] = None
+    # extensions: thinking (also vLLM's chat_template_kwargs.enable_thinking) and grounding
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    thinking: Optional[Union[Literal["optional"], bool]] = None
+    max_thinking_tokens: Optional[int] = Field(default=None, ge=1, le=8192)
+    grounding: Optional[Union[bool, dict[str, Any]]] = None
 
 
 class ChatCompletionRequest(_Common):
@@ -255,3 +260,19 @@ def prompt_of_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
             content = m.content or ""
         out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     return out
+
+
+def thinking_of(req: _Common) -> tuple[Any, str | None]:
+    """The request's thinking setting (``False``, ``True`` = a thought block required, or
+    ``"optional"``) and the body field it came from. The ``thinking`` extension field wins over
+    vLLM's ``chat_template_kwargs={"enable_thinking": ...}``."""
+    if req.thinking is not None:
+        return req.thinking, "thinking"
+    kw = req.chat_template_kwargs or {}
+    if "enable_thinking" in kw:
+        on = kw["enable_thinking"]
+        if not isinstance(on, bool):
+            raise APIError(400, "chat_template_kwargs.enable_thinking must be true or false",
+                           param="chat_template_kwargs.enable_thinking", code="invalid_request")
+        return on, "chat_template_kwargs.enable_thinking"
+    return False, None
