@@ -1,4 +1,4 @@
-"""Apply the docs/tools.md wiring to a copy of src (argv[1] = src dir)."""
+"""Apply the docs/tools.md wiring (tool calls on the chat endpoint): `python tests/server_tools/apply_wiring.py src`."""
 import sys
 root = sys.argv[1] + "/dgemma_struct/server/"
 def edit(name, pairs):
