@@ -201,3 +201,31 @@ def test_thinking_optional_free_text_on_real_shape(rclient):
     choice = r.json()["choices"][0]
     assert "reasoning_content" in choice
     assert "<|channel>" not in choice["text"] and "<channel|>" not in choice["text"]
+
+
+def test_grounding_per_prompt_sources_and_n(eclient):
+    prompts = ["Extract the name and city as JSON.\nTara Zhang lives in Oslo.",
+               "Extract the name and city as JSON.\nOmar Haddad moved to Lima last year."]
+    r = eclient.post("/v1/completions", json={"prompt": prompts, "n": 2, "max_tokens": 48, "seed": 5,
+                                              "grounding": True, "guided_json": PERSON})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert len(choices) == 4
+    for i, choice in enumerate(choices):   # choice i*n + j is sample j of prompt i, grounded in prompt i
+        _assert_grounded(choice, choice["text"], prompts[i // 2])
+
+
+def test_thinking_and_plain_rows_in_one_batch_on_real_shape(rclient):
+    from concurrent.futures import ThreadPoolExecutor
+
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    bodies = [{"messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 32, "seed": 1,
+               "response_format": rf, **extra}
+              for extra in ({"thinking": True, "max_thinking_tokens": 4}, {})]
+    with ThreadPoolExecutor(2) as ex:
+        rs = list(ex.map(lambda b: rclient.post("/v1/chat/completions", json=b), bodies))
+    assert [r.status_code for r in rs] == [200, 200], [r.text for r in rs]
+    think, plain = (r.json()["choices"][0]["message"] for r in rs)
+    assert isinstance(think["reasoning_content"], str) and "reasoning_content" not in plain
+    for m in (think, plain):
+        jsonschema.validate(json.loads(m["content"]), SCHEMA)

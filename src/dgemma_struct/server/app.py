@@ -234,6 +234,11 @@ class ServerState:
             except RecursionError:
                 raise APIError(400, "the constraint is nested too deeply", param=param,
                                code="constraint_too_complex") from None
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
+                raise APIError(400, f"cannot compile the grounded constraint: {type(err).__name__}: {err}",
+                               param=param, code="invalid_grounding") from None
 
     def check(self, req: Any) -> int:
         if req.model not in (None, "", self.model_id):
