@@ -40,6 +40,8 @@ from dgemma_struct.runtime import DiffusionRuntime
 from .batcher import Batcher, QueueFull, ShuttingDown
 from .compile_pool import CompilePool
 from .errors import APIError, api_error_for, error_body, safe_json_bytes
+from .tool_calls import (chat_prompt, check_context, compile_for, completion_body, prepare_tokenizer, row_tokens,
+                         sse_events, tool_request_of)
 from .protocol import (ChatCompletionRequest, CompletionRequest, apply_stop, check_text, prompt_of_messages,
                        spec_of, stops_of, thinking_of)
 
@@ -247,9 +249,6 @@ class ServerState:
         if (req.n or 1) > self.config.max_n:
             raise APIError(400, f"n={req.n} exceeds this server's limit of {self.config.max_n}", param="n",
                            code="n_too_large")
-        if getattr(req, "tools", None):
-            raise APIError(400, "tools are not supported; use response_format or structured_outputs",
-                           param="tools", code="unsupported_parameter")
         if getattr(req, "logprobs", None) or getattr(req, "echo", None):
             raise APIError(400, "logprobs/echo are not supported", param="logprobs", code="unsupported_parameter")
         max_tokens = req.max_completion_tokens or req.max_tokens or self.config.default_max_tokens
@@ -316,7 +315,8 @@ class ServerState:
                 raise _http_error(r, param)
         return results
 
-    async def run(self, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None) -> Any:
+    async def run(self, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None,
+                  tool_req: Any = None) -> Any:
         max_tokens = self.check(req)
         n = req.n or 1
         for p in prompts:
@@ -326,12 +326,28 @@ class ServerState:
         if spec is not None:
             stops = []                           # ... but a constraint decides where its output ends
         thinking, think_param = thinking_of(req)
+        use_tools = tool_req is not None and (tool_req.calls_possible or spec is None)
+        if use_tools and thinking is not False:
+            raise APIError(400, "thinking together with tool calls is not supported yet", param=think_param,
+                           code="unsupported_parameter")
         if thinking is not False:
             self.check_thinking(think_param)
             if spec is None:                     # free text after the thought (stop sequences still apply)
                 spec = Regex(_FREE_TEXT)
-        grounded = self.grounding_of(req, spec, param)
-        if grounded is not None:
+        grounded = None if use_tools else self.grounding_of(req, spec, param)
+        if use_tools:
+            stops = []
+            loop = asyncio.get_running_loop()
+            # the tokenizer set-up (once per process, seconds for 262k pieces) is not timed as a compile
+            await loop.run_in_executor(self.compile_executor, prepare_tokenizer, self.runtime)
+            try:
+                constraint = await asyncio.wait_for(loop.run_in_executor(
+                    self.compile_executor, compile_for, tool_req, self.runtime), self.config.compile_timeout_s)
+            except asyncio.TimeoutError:
+                raise APIError(400, "compiling the tool declarations took too long", param="tools",
+                               code="constraint_too_complex") from None
+            specs = [constraint] * len(prompts)
+        elif grounded is not None:
             # one grounded constraint per prompt: the source defaults to that prompt's text
             specs = [await self.compile_grounded(spec, p, grounded, param) for p in prompts]
             prompts = [prompt_with_sources(p, c.sources) for p, c in zip(prompts, specs)]
@@ -339,11 +355,16 @@ class ServerState:
             constraint = await self.compile(spec, param)
             specs = [constraint] * len(prompts)
         n_prompt = await asyncio.to_thread(lambda: [self.prompt_tokens(p) for p in prompts])
+        if tool_req is not None:
+            try:
+                check_context(n_prompt[0], max_tokens, self.runtime.max_context, tool_req)
+            except DgemmaStructError as err:
+                raise api_error_for(err) from None
         seed = None if req.seed is None else int(req.seed) % (2 ** 63)
         sampling = {"temperature": req.temperature, "top_p": req.top_p}
         timeout = self.config.request_timeout_s
         think = {"thinking": thinking, "max_thinking_tokens": req.max_thinking_tokens} if thinking is not False else {}
-        if req.stream and self.config.stream_live and not think and grounded is None:
+        if req.stream and self.config.stream_live and not use_tools and not think and grounded is None:
             constraint = specs[0]
             if len(prompts) != 1 or n != 1:
                 raise APIError(400, "live streaming takes one prompt and n=1", param="n",
@@ -358,6 +379,19 @@ class ServerState:
             results = await self._gather(coros, request, param)
         except _ClientGone:
             return Response(status_code=499)
+        if use_tools:
+            rid = "chatcmpl-" + uuid.uuid4().hex[:24]
+            prompt_total = sum(n_prompt) * n
+            completion = sum(row_tokens(r, self.count_tokens) for r in results)
+            created = int(time.time())
+            if req.stream:
+                include_usage = bool((req.stream_options or {}).get("include_usage"))
+                usage = ({"prompt_tokens": prompt_total, "completion_tokens": completion,
+                          "total_tokens": prompt_total + completion} if include_usage else None)
+                return StreamingResponse(sse_events(results, tool_req, rid=rid, model=self.model_id, created=created,
+                                                    usage=usage), media_type="text/event-stream")
+            return _json(completion_body(results, tool_req, rid=rid, model=self.model_id, created=created,
+                                         prompt_tokens=prompt_total, completion_tokens=completion))
         rows = [self._choice(r, stops) for r in results]
         # extensions on each choice: the thought (vLLM's reasoning_content) and the grounded spans
         row_specs = [c for c in specs for _ in range(n)]
@@ -699,7 +733,12 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
 
     @app.post("/v1/chat/completions", summary="Chat completion with an optional output constraint")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        return await state().run(body, [prompt_of_messages(body.messages)], chat=True, request=request)
+        _, param = spec_of(body)
+        tool_req = tool_request_of(body, output_constraint=param)
+        toolish = any(m.role in ("tool", "function") or (m.model_extra or {}).get("tool_calls")
+                      or (m.model_extra or {}).get("function_call") for m in body.messages)
+        prompt = chat_prompt(body.messages, tool_req) if (tool_req or toolish) else prompt_of_messages(body.messages)
+        return await state().run(body, [prompt], chat=True, request=request, tool_req=tool_req)
 
     @app.post("/v1/completions", summary="Text completion (the prompt is sent as one user message)")
     async def completions(body: CompletionRequest, request: Request):

@@ -91,6 +91,10 @@ def api_error_for(err: BaseException, *, param: str | None = None) -> APIError:
     to 504; anything unexpected is a 500 ``server_error``)."""
     if isinstance(err, APIError):
         return err
+    from .tool_calls import ToolRequestError
+
+    if isinstance(err, ToolRequestError):
+        return APIError(400, str(err), param=err.param, code=err.code)
     for cls, status, typ, code in _TABLE:
         if isinstance(err, cls):
             p = param if isinstance(err, (E.ConstraintError, E.ConstraintEngineError)) else (

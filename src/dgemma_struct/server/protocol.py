@@ -24,7 +24,7 @@ class TextPart(_Open):
 
 
 class ChatMessage(_Open):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Union[str, list[TextPart], None] = None
 
 
