@@ -117,3 +117,14 @@ def test_builtin_grammars_are_package_data():
     for p in (ROOT / "grammars").iterdir():
         if p.suffix not in (".py", ".pyc") and p.is_file():
             assert any(fnmatch.fnmatch(p.name, pat) for pat in patterns), f"{p.name} is not package data"
+
+
+def test_api_reference_is_regenerated():
+    """docs/api.md is exactly what scripts/gen_api_docs.py writes from today's docstrings (no drift)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_api_docs", ROOT / "scripts" / "gen_api_docs.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.render_all() == (ROOT / "docs" / "api.md").read_text(), \
+        "docs/api.md is stale: run `python scripts/gen_api_docs.py` and commit it"
