@@ -64,6 +64,7 @@ def test_lock_pins_every_dependency_exactly():
         assert direct in pins, f"{direct} is not locked"
     # transitive dependencies are locked too (huggingface-hub comes only through transformers)
     assert "huggingface-hub" in pins and "pydantic-core" in pins
+    assert "setuptools" in pins  # a runtime dependency of torch that `pip freeze` hides without --all
 
 
 def test_installed_versions_match_the_lock():
