@@ -8,25 +8,13 @@ import json
 import re
 
 import pytest
-import torch
 
 STOP_SPELLINGS = ("<eos>", "<turn|>", "<|tool_response>")
 
 
 @pytest.fixture(scope="module")
-def runtime(gemma4_tokenizer):
-    from transformers import DiffusionGemmaForBlockDiffusion
-
-    from dgemma_struct.model_config import real_shape_config
-    from dgemma_struct.runtime import DiffusionRuntime
-
-    torch.manual_seed(0)
-    model = DiffusionGemmaForBlockDiffusion(real_shape_config()).eval()
-    gc = model.generation_config
-    gc.eos_token_id, gc.pad_token_id, gc.max_denoising_steps = [1, 106, 50], 0, 3
-    rt = DiffusionRuntime(model, gemma4_tokenizer)
-    assert set(rt.eos_token_ids) == {1, 106, 50}
-    return rt
+def runtime(gemma4_random_runtime):
+    return gemma4_random_runtime
 
 
 def _clean(res) -> None:

@@ -16,15 +16,6 @@ def _need_gemma4() -> None:
         pytest.skip("../shared/data/gemma4-tokenizer is not next to this clone")
 
 
-@pytest.fixture(scope="session")
-def gemma4_tokenizer():
-    """The rebuilt Gemma 4 tokenizer (CI has it: there a missing copy fails, it never skips)."""
-    _need_gemma4()
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(GEMMA4_DIR))
-
-
 def write_real_shape_checkpoint(out: Path, *, seed: int = 0, denoising_steps: int = 3) -> Path:
     """Write a random-weight DiffusionGemma of the real shape (vocab 262,144, canvas 256, 5:1
     sliding/full layers; narrow and shallow) with the Gemma 4 tokenizer, its chat template and

@@ -4,7 +4,6 @@ call being a declared tool with schema-valid arguments is the constraint's doing
 from typing import Literal
 
 import pytest
-import torch
 from pydantic import BaseModel, Field
 
 from dgemma_struct.errors import LengthError
@@ -22,17 +21,8 @@ def add(a: int, b: int = 0) -> int:
 
 
 @pytest.fixture(scope="module")
-def runtime(gemma4_tokenizer):
-    from transformers import DiffusionGemmaForBlockDiffusion
-
-    from dgemma_struct.model_config import real_shape_config
-    from dgemma_struct.runtime import DiffusionRuntime
-
-    torch.manual_seed(0)
-    model = DiffusionGemmaForBlockDiffusion(real_shape_config()).eval()
-    gc = model.generation_config
-    gc.eos_token_id, gc.pad_token_id, gc.max_denoising_steps = [1, 106, 50], 0, 3
-    return DiffusionRuntime(model, gemma4_tokenizer)
+def runtime(gemma4_random_runtime):
+    return gemma4_random_runtime
 
 
 @pytest.mark.parametrize("mode", ["diffusion", "ar"])
