@@ -126,8 +126,9 @@ def _depth_ok(value: Any, limit: int) -> bool:
     return True
 
 
-def check_text(value: Any, param: str) -> None:
-    """Every string in a prompt must be valid Unicode (a lone surrogate cannot be encoded)."""
+def lone_surrogate_at(value: Any) -> int | None:
+    """The position of the first lone surrogate in any string of ``value`` (nested dicts -- keys too
+    -- lists and tuples), or None when every string is valid Unicode."""
     stack = [value]
     while stack:
         v = stack.pop()
@@ -135,12 +136,21 @@ def check_text(value: Any, param: str) -> None:
             try:
                 v.encode("utf-8")
             except UnicodeEncodeError as err:
-                raise APIError(400, f"{param} holds text that is not valid Unicode (a lone surrogate at "
-                                    f"position {err.start})", param=param, code="invalid_unicode") from None
+                return err.start
         elif isinstance(v, dict):
+            stack.extend(v.keys())
             stack.extend(v.values())
         elif isinstance(v, (list, tuple)):
             stack.extend(v)
+    return None
+
+
+def check_text(value: Any, param: str) -> None:
+    """Every string in a prompt must be valid Unicode (a lone surrogate cannot be encoded)."""
+    pos = lone_surrogate_at(value)
+    if pos is not None:
+        raise APIError(400, f"{param} holds text that is not valid Unicode (a lone surrogate at "
+                            f"position {pos})", param=param, code="invalid_unicode")
 
 
 def _is_gbnf(text: str) -> bool:

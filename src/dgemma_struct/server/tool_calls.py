@@ -331,20 +331,12 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def _check_unicode(value: Any) -> None:
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError as err:
-                raise _fail(f"messages hold text that is not valid Unicode (a lone surrogate at position "
-                            f"{err.start})", "messages", "invalid_unicode") from None
-        elif isinstance(v, Mapping):
-            stack.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
+    from .protocol import lone_surrogate_at
+
+    pos = lone_surrogate_at(value)
+    if pos is not None:
+        raise _fail(f"messages hold text that is not valid Unicode (a lone surrogate at position {pos})",
+                    "messages", "invalid_unicode")
 
 
 def chat_prompt(messages: Sequence[Any], tool_req: ToolRequest | None) -> Any:
