@@ -15,7 +15,8 @@ Reported: validity (``json.loads`` + ``jsonschema`` against the family schema, f
 field accuracy, tokens per forward (TPF), wall time per request, repairs / fallback rates, the mask
 share of wall time, forced tokens, and "structural junk" inside string values. Short-answer tasks
 (regex / choice / grammar families) report validity and exact match. An ablation over the
-``ConstraintGuide`` knobs (progress rule, forced tokens, renoise_invalid) runs on a smaller N.
+``ConstraintGuide`` knobs (progress rule, forced tokens, renoise_invalid; ``GenerateOptions`` fields, so every
+row runs the shipped path) runs on a smaller N.
 
 Usage::
 
@@ -48,7 +49,7 @@ import torch  # noqa: E402
 from dgemma_struct import api  # noqa: E402
 from dgemma_struct.constraints import Choice, Grammar, Regex  # noqa: E402
 from dgemma_struct.errors import DgemmaStructError  # noqa: E402
-from dgemma_struct.guide import ConstraintGuide  # noqa: E402
+from dgemma_struct.options import GenerateOptions  # noqa: E402
 from dgemma_struct.runtime import DiffusionRuntime  # noqa: E402
 from dgemma_struct.training.corpus import JSON_FAMILIES, make_corpus  # noqa: E402
 
@@ -182,25 +183,10 @@ def run_constrained(rt, prompt: str, spec: Any, mode: str, max_new: int, seed: i
                     knobs: dict | None = None) -> dict:
     t0 = time.perf_counter()
     try:
-        if knobs is None:
-            res = api.generate(prompt, spec, runtime=rt, max_new_tokens=max_new, seed=seed, mode=mode,
-                               timeout_s=timeout, return_details=True)
-        else:  # the same path as api.generate, with the guide built from explicit knobs
-            guide_knobs = {k: knobs[k] for k in ("progress", "force_tokens", "renoise_invalid")}
-            extra = {"repair_junk": knobs["repair_junk"]} if "repair_junk" in knobs else {}
-            sess = api._session(prompt, spec, rt, max_new_tokens=max_new, seed=seed, mode=mode, max_repairs=2,
-                                strict=False, fallback=True, timeout_s=timeout, whitespace="compact",
-                                progress=knobs["progress"], **extra)
-
-            def guide_for(prefix, sess=sess):
-                w = sess.c.canvas_walker()
-                if prefix:
-                    w.commit(prefix)
-                return ConstraintGuide([w], pad_token_id=sess.rt.pad_token_id or 0, deadline=sess.deadline,
-                                       **guide_knobs)
-
-            sess.guide_for = guide_for
-            res = sess.solve()
+        # knob rows go through GenerateOptions: the shipped path (budget, closing, repairs), one knob changed
+        opts = GenerateOptions(max_new_tokens=max_new, seed=seed, mode=mode, timeout_s=timeout, return_details=True,
+                               **(knobs or {}))
+        res = api.generate(prompt, spec, runtime=rt, options=opts)
     except Exception as err:  # noqa: BLE001 - typed errors are expected; an untyped one is a bug, recorded
         wall = time.perf_counter() - t0
         st = getattr(err, "stats", None)

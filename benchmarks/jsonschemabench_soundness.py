@@ -211,7 +211,7 @@ _ABLATIONS = [
 
 
 def _ablate(schema, keys):
-    from dgemma_struct.constraints.json_schema import _walk
+    from dgemma_struct.constraints.schema_checks import iter_subschemas as _walk
     g = copy.deepcopy(schema)
     for _, sub in _walk(g):
         for k in keys:
@@ -221,7 +221,7 @@ def _ablate(schema, keys):
 
 def _first_format(schema, data):
     """(format name, value) of the first string in ``data`` under a ``format`` subschema (best effort)."""
-    from dgemma_struct.constraints.json_schema import _walk
+    from dgemma_struct.constraints.schema_checks import iter_subschemas as _walk
     fmts = {sub["format"] for _, sub in _walk(schema) if isinstance(sub.get("format"), str)}
     return sorted(fmts)
 

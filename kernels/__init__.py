@@ -2,7 +2,8 @@
 
 Torch implementations work on any device; Triton kernels (:mod:`.triton_masking`) are used
 automatically for CUDA tensors when ``triton`` is installed. Importing this package never
-imports Triton.
+imports Triton. The generation loop uses :func:`apply_token_bitmask_`; :func:`masked_stats` is an
+experimental primitive the loop does not call (see docs/kernels.md).
 
 Example::
 

@@ -1,12 +1,17 @@
-"""Backend selection shared by the public entry points (no Triton import here)."""
+"""Backend selection shared by the public entry points, and the Triton self-check against the
+torch path (Triton is imported lazily, only once a Triton backend is chosen)."""
 from __future__ import annotations
 
 import functools
 import importlib.util
 import os
+import sys
 import warnings
+from types import ModuleType
 
 import torch
+
+from ._torch import apply_bitmask_torch_, masked_stats_torch, pack_bool_mask
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -52,9 +57,6 @@ def triton_self_check(device: str) -> bool:
     """Run both Triton kernels once on ``device`` against the torch path (a few ms, once per
     device). ``"auto"`` uses Triton only where this passes, so a Triton/driver combination that
     miscompiles or fails to build degrades to the torch path with a warning, never to wrong masks."""
-    from .bitmask import apply_token_bitmask_, pack_bool_mask  # noqa: PLC0415 - avoids an import cycle
-    from .stats import masked_stats  # noqa: PLC0415
-
     try:
         g = torch.Generator().manual_seed(0)
         logits = (torch.randn(4, 1000, generator=g) * 3).to(device)
@@ -62,10 +64,13 @@ def triton_self_check(device: str) -> bool:
         allowed[:, 7] = True
         allowed[3] = False  # a fully masked row
         bm = pack_bool_mask(allowed).to(device)
+        temp = torch.ones(4, dtype=torch.float32, device=device)
+        triton_masking = load_triton_module()
         a, b = logits.clone(), logits.clone()
-        apply_token_bitmask_(a, bm, backend="triton")
-        apply_token_bitmask_(b, bm, backend="torch")
-        st, sr = masked_stats(logits, bm, backend="triton"), masked_stats(logits, bm, backend="torch")
+        triton_masking.apply_token_bitmask_triton_(a, bm, None)
+        apply_bitmask_torch_(b, bm, None)
+        st = triton_masking.masked_stats_triton(logits, bm, temp, gumbel=False, seed=0)
+        sr = masked_stats_torch(logits, bm, temp, False, None)
         ok = (torch.equal(a, b) and torch.equal(st.argmax, sr.argmax)
               and torch.allclose(st.logsumexp, sr.logsumexp, atol=1e-4, equal_nan=True)
               and torch.allclose(st.entropy, sr.entropy, atol=1e-4))
@@ -78,8 +83,8 @@ def triton_self_check(device: str) -> bool:
     return ok
 
 
-def load_triton_module():
+def load_triton_module() -> ModuleType:
     """Import the @triton.jit module lazily (only called once a Triton backend is chosen)."""
-    from . import triton_masking  # noqa: PLC0415 - deliberate lazy import
+    from .triton_masking import apply_token_bitmask_triton_  # noqa: PLC0415 - deliberate lazy import
 
-    return triton_masking
+    return sys.modules[apply_token_bitmask_triton_.__module__]

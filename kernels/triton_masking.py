@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .stats import MaskedStats
+from ._torch import MaskedStats
 
 __all__ = ["apply_token_bitmask_triton_", "masked_stats_triton", "APPLY_BLOCK", "STATS_BLOCK"]
 

@@ -11,11 +11,13 @@ Example::
 
     person = generate_json("Extract the name and age as JSON.\\nAda Lovelace is 36.", schema=Person)
 """
-from dgemma_struct.api import (agenerate, agenerate_json, constraint_for, generate, generate_batch, generate_choice,
-                               generate_grammar, generate_json, generate_json_batch, generate_regex, partial_json,
-                               stream, stream_json)
+from dgemma_struct.api import (Generator, agenerate, agenerate_json, generate, generate_batch, generate_choice,
+                               generate_grammar, generate_json, generate_json_batch, generate_regex)
 from dgemma_struct.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, compile_constraint
 from dgemma_struct.errors import DgemmaStructError
+from dgemma_struct.options import GenerateOptions
+from dgemma_struct.request import constraint_for
+from dgemma_struct.streaming import partial_json, stream, stream_json
 from dgemma_struct.hooks import NullHook, StepHook, StepView
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
 from dgemma_struct.grounding import Grounded, GroundedResult, generate_grounded, generate_grounded_batch
@@ -29,5 +31,5 @@ __all__ = [
     "compile_constraint", "Constraint", "Regex", "Grammar", "Choice", "JsonSchema", "DiffusionRuntime",
     "GenerationResult", "GenerationStats", "CanvasEvent", "StepHook", "StepView", "NullHook", "DgemmaStructError",
     "generate_grounded", "generate_grounded_batch", "Grounded", "GroundedResult", "generate_tool_calls", "Tool",
-    "ToolCall", "ToolCallResult", "ChatPrompt", "__version__",
+    "ToolCall", "ToolCallResult", "ChatPrompt", "Generator", "GenerateOptions", "__version__",
 ]

@@ -42,9 +42,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from typing import Any, Callable, Sequence
-
-from typing import Optional
+from typing import Any, Callable, Optional, Sequence
 
 from fastapi import HTTPException
 from pydantic import BaseModel, Field, create_model
@@ -52,8 +50,8 @@ from pydantic import BaseModel, Field, create_model
 from dgemma_struct.constraints import Choice, Grammar, Regex
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.server.app import _http_error
-from dgemma_struct.server.batcher import Batcher, QueueFull, ShuttingDown
+from dgemma_struct.server.batcher import Batcher
+from dgemma_struct.server.errors import QueueFull, ShuttingDown, api_error_for
 
 __all__ = ["StructuredGenerator", "structured_generator", "typed_route", "to_http_exception",
            "GenerationErrorResponse", "GenerationErrorDetail", "generation_error_responses",
@@ -88,6 +86,7 @@ def generation_error_responses() -> dict[int | str, dict[str, Any]]:
                                       "description": "Generation failed: the model produced no valid value "
                                                      "(repairs and fallback exhausted, or the token budget)"}}
 
+
 _batchers: dict[int, Batcher] = {}
 _lock = threading.Lock()
 
@@ -110,7 +109,7 @@ def to_http_exception(err: BaseException) -> HTTPException:
         detail = GenerationErrorDetail(message=str(err)[:2000], code=code,
                                        partial_text=(getattr(err, "partial_text", "") or "")[:10_000])
         return HTTPException(status_code=GENERATION_ERROR_STATUS, detail=detail.model_dump())
-    e = _http_error(err, None)
+    e = api_error_for(err)
     return HTTPException(status_code=e.status, detail=e.body()["error"])
 
 

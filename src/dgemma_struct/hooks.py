@@ -6,7 +6,8 @@ The loop calls, for every canvas: ``start_canvas`` once, then per denoising step
 tokens to commit. Frozen positions are enforced by the loop: their logits become one-hot on the
 frozen token (so the entropy-bound sampler re-accepts them at zero entropy), they are never
 renoised, and their token is what the canvas commits. In AR mode, ``mask_ar_logits`` sees one row
-of logits per sequence and ``ar_token`` the chosen tokens.
+of logits per sequence and ``ar_token`` the chosen tokens. Without a hook the loops run a
+:class:`NullHook` (and the diffusion loop then steps every row as ``model.generate`` does).
 
 Example (a hook that forbids token 7 everywhere)::
 

@@ -1,116 +1,246 @@
-"""Locating what to renoise: map a validation error's JSON path to the token where its value starts.
+"""The attempt policy of one constrained request: run, validate, renoise from the earliest offending
+value, and when the repairs are spent, an AR fallback on the same weights.
+
+Each attempt gets a typed verdict (:class:`Accept` or :class:`Redo`); when no attempt is left the
+request ends with the least-junk valid value seen (:class:`LeastJunk`) or a :class:`GiveUp`
+carrying the typed error. Where to renoise comes from :mod:`dgemma_struct.locate`
+(``error_char_offset``, ``char_to_token_index``, ``junk_paths``; re-exported here).
 
 Example::
 
-    >>> value_offsets('{"a":1,"b":[2,"x"]}')[("b", 1)]
-    14
+    >>> Redo(prefix=[5, 6], reasons=["a: too short"]).prefix
+    [5, 6]
 """
 from __future__ import annotations
 
-import json
-import re
-from typing import Any, Sequence
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
-_WS = " \t\n\r"
-_NUM = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
+from dgemma_struct.constraints import Constraint, ValidationIssue
+from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
+from dgemma_struct.guide import ConstraintGuide
+from dgemma_struct.locate import char_to_token_index, error_char_offset, junk_paths, value_offsets
+from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
+from dgemma_struct.results import GenerationResult, GenerationStats
 
+if TYPE_CHECKING:
+    from dgemma_struct.runtime import DiffusionRuntime
 
-def value_offsets(text: str) -> dict[tuple, int]:
-    """Character offset where the value at each JSON path starts (the root is ``()``).
-    Scans as far as the text is well-formed; a truncated text yields the paths seen so far."""
-    out: dict[tuple, int] = {}
+__all__ = ["Attempt", "Accept", "Redo", "GiveUp", "Verdict", "LeastJunk", "RepairSession", "batch_guide", "min_length_tokens",
+           "split_reasoning", "junk_paths", "value_offsets", "error_char_offset", "char_to_token_index"]
 
-    def skip(i: int) -> int:
-        while i < len(text) and text[i] in _WS:
-            i += 1
-        return i
-
-    def string_end(i: int) -> int:  # i at the opening quote; returns index after the closing quote
-        i += 1
-        while i < len(text):
-            c = text[i]
-            if c == "\\":
-                i += 2
-                continue
-            if c == '"':
-                return i + 1
-            i += 1
-        raise ValueError("unterminated string")
-
-    def value(i: int, path: tuple) -> int:
-        i = skip(i)
-        out[path] = i
-        if i >= len(text):
-            raise ValueError("truncated")
-        c = text[i]
-        if c == "{":
-            i = skip(i + 1)
-            if i < len(text) and text[i] == "}":
-                return i + 1
-            while True:
-                i = skip(i)
-                end = string_end(i)
-                key = json.loads(text[i:end])
-                i = skip(end)
-                if text[i] != ":":
-                    raise ValueError("expected ':'")
-                i = value(i + 1, path + (key,))
-                i = skip(i)
-                if text[i] == ",":
-                    i += 1
-                    continue
-                if text[i] == "}":
-                    return i + 1
-                raise ValueError("expected ',' or '}'")
-        if c == "[":
-            i = skip(i + 1)
-            if i < len(text) and text[i] == "]":
-                return i + 1
-            k = 0
-            while True:
-                i = skip(value(i, path + (k,)))
-                k += 1
-                if text[i] == ",":
-                    i += 1
-                    continue
-                if text[i] == "]":
-                    return i + 1
-                raise ValueError("expected ',' or ']'")
-        if c == '"':
-            return string_end(i)
-        for lit in ("true", "false", "null"):
-            if text.startswith(lit, i):
-                return i + len(lit)
-        m = _NUM.match(text, i)
-        if m:
-            return m.end()
-        raise ValueError(f"unexpected {c!r}")
-
-    try:
-        value(0, ())
-    except (ValueError, IndexError):
-        pass
-    return out
+FORCED_PREFIX_SCAN = 4096   # tokens of a constraint's forced prefix looked at for its minimum length
+ATTEMPT_SEED_STRIDE = 1000  # attempt k draws from seed + k * stride
 
 
-def error_char_offset(text: str, paths: Sequence[Sequence[Any]]) -> int:
-    """The earliest character offset among the values at ``paths`` (the deepest known ancestor
-    when a path is missing from the text, e.g. a required property that was never written)."""
-    offsets = value_offsets(text)
-    best = len(text)
-    for path in paths:
-        p = tuple(path)
-        while p and p not in offsets:
-            p = p[:-1]
-        best = min(best, offsets.get(p, 0))
-    return best
+@dataclass
+class Attempt:
+    tokens: list[int]        # generated tokens, a kept prefix included (stop tokens removed)
+    complete: bool           # the grammar accepted and a stop token was reached
+    dead_end: bool
+    stats: GenerationStats
 
 
-def char_to_token_index(token_texts: Sequence[str], offset: int) -> int:
-    """Index of the token that contains character ``offset`` of the concatenated text."""
-    pos = 0
-    for i, t in enumerate(token_texts):
-        if pos + len(t) > offset:
-            return i
-        pos += len(t)
-    return len(token_texts)
+@dataclass(frozen=True)
+class Accept:
+    """Return this attempt's validated value."""
+    attempt: Attempt
+    outcome: Any             # the constraint's ValidationOutcome
+
+
+@dataclass(frozen=True)
+class Redo:
+    """Run again, keeping ``prefix`` (the tokens before the earliest offending value)."""
+    prefix: list[int]
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """No valid output: raise ``error``."""
+    error: DgemmaStructError
+
+
+Verdict = Union[Accept, Redo, GiveUp]
+
+
+@dataclass(frozen=True)
+class LeastJunk:
+    """The valid attempt with the fewest junk strings so far (a repair must not trade a cleaner
+    value for a worse one)."""
+    junk: int
+    attempt: Attempt
+    outcome: Any
+
+
+def split_reasoning(constraint: Constraint, text: str) -> tuple[str | None, str]:
+    """``(thought, answer)`` of decoded text under ``constraint`` (no thought: ``(None, text)``)."""
+    split = getattr(constraint, "split_reasoning", None)
+    return split(text) if split is not None else (None, text)
+
+
+def min_length_tokens(constraint: Constraint) -> int:
+    """A lower bound on the tokens any accepted output needs: the forced prefix plus EOS."""
+    forced = constraint.canvas_walker().forced_tokens(FORCED_PREFIX_SCAN)
+    return len(forced) + (0 if forced and forced[-1] in constraint.stop_token_ids else 1)
+
+
+def batch_guide(sessions: Sequence[RepairSession], walkers: list | None = None, *, budgets: list[int] | None = None,
+                row_stop: Sequence[Callable[[], bool] | None] | None = None) -> ConstraintGuide:
+    """One guide over the sessions' rows (fresh walkers unless given), with the first session's
+    options and deadline (a batch shares them)."""
+    first = sessions[0]
+    o = first.opts
+    return ConstraintGuide(walkers if walkers is not None else [s.c.canvas_walker() for s in sessions],
+                           pad_token_id=first.rt.pad_token_id or 0, progress=o.progress, force_tokens=o.force_tokens,
+                           renoise_invalid=o.renoise_invalid, deadline=first.deadline,
+                           budgets=budgets if budgets is not None else [o.max_new_tokens] * len(sessions),
+                           close_on_budget=o.close_on_budget, row_stop=row_stop)
+
+
+class RepairSession:
+    """One request: a prompt, its constraint, the options, and the attempts made so far."""
+
+    def __init__(self, runtime: DiffusionRuntime, prompt_ids: list[int], constraint: Constraint,
+                 options: GenerateOptions, *, seed: int, deadline: float | None):
+        self.rt = runtime
+        self.prompt_ids = prompt_ids
+        self.c = constraint
+        self.opts = options
+        self.seed = seed
+        self.deadline = deadline
+        self.stats = GenerationStats(mode=options.mode, seed=seed)
+        self.errors: list[str] = []
+        self.least_junk: LeastJunk | None = None
+
+    # -- one pass of the loop from a kept prefix ------------------------------------------------
+    def guide_for(self, prefix: list[int]) -> ConstraintGuide:
+        """The guide of one attempt from a kept ``prefix``."""
+        w = self.c.canvas_walker()
+        if prefix:
+            w.commit(prefix)
+        return batch_guide([self], [w], budgets=[self.opts.max_new_tokens - len(prefix)])
+
+    def absorb(self, res: GenerationResult, guide: ConstraintGuide, row: int = 0) -> Attempt:
+        """This session's attempt from ``row`` of ``guide`` (a batched guide shares its mask time)."""
+        guide.drain()
+        s, agg, out = res.stats, self.stats, guide.outcome(row)
+        agg.forward_passes += s.forward_passes
+        agg.canvases += s.canvases
+        agg.denoising_steps += s.denoising_steps
+        agg.model_s += s.model_s
+        agg.mask_s += guide.mask_s / len(guide.rows)
+        agg.forced_tokens += out.forced
+        agg.budget_closing = agg.budget_closing or out.closing
+        return Attempt(tokens=out.tokens, complete=out.complete, dead_end=out.dead_end, stats=s)
+
+    def run(self, prefix: list[int], mode: str, attempt: int) -> Attempt:
+        check_deadline(self.deadline)
+        guide = self.guide_for(prefix)
+        budget = self.opts.max_new_tokens - len(prefix)
+        if budget <= 0:
+            return Attempt(prefix, False, False, GenerationStats())
+        seed = offset_seed(self.seed, ATTEMPT_SEED_STRIDE * attempt)
+        res = self.rt.generate_ids([self.prompt_ids + prefix], max_new_tokens=budget, seed=[seed], mode=mode,
+                                   hook=guide, temperature=self.opts.temperature, top_p=self.opts.top_p)[0]
+        return self.absorb(res, guide)
+
+    def text_of(self, tokens: list[int]) -> str:
+        return self.rt.tokenizer.decode(tokens, skip_special_tokens=False)
+
+    # -- validate, repair, fall back -------------------------------------------------------------
+    def solve(self, first: Attempt | None = None, t0: float | None = None) -> GenerationResult:
+        """Attempt 0, then up to ``max_repairs`` repairs, then the AR fallback. ``first`` is an
+        attempt 0 already run (by a batched or streamed loop). Raises the typed error of a
+        :class:`GiveUp`."""
+        t0 = time.perf_counter() if t0 is None else t0
+        o = self.opts
+        prefix: list[int] = []
+        last: Attempt | None = None
+        for k in range(o.max_repairs + 1):
+            self.stats.repairs = k
+            last = first if (k == 0 and first is not None) else self.run(prefix, o.mode, k)
+            verdict = self.judge(last, k)
+            if isinstance(verdict, Accept):
+                return self.finish(verdict, t0)
+            prefix = verdict.prefix
+        if o.fallback and o.mode == "diffusion":
+            self.stats.fallback = True
+            last = self.run(prefix, "ar", o.max_repairs + 1)
+            verdict = self.judge(last, o.max_repairs)
+            if isinstance(verdict, Accept):
+                return self.finish(verdict, t0)
+        final = self.give_up(last, t0)
+        if isinstance(final, Accept):
+            return self.finish(final, t0)
+        raise final.error
+
+    def judge(self, a: Attempt, attempt: int = 0) -> Accept | Redo:
+        """:class:`Accept` the valid attempt with the least junk so far, or :class:`Redo` (the reasons
+        recorded). A schema-valid value whose strings hold structural junk (the model's braces
+        absorbed into a string) is redone too while repairs remain; after that it is returned, being
+        valid. (A greedy AR fallback from the same prefix was measured to rewrite the same junk, so
+        junk alone never triggers it.)"""
+        if a.dead_end or not a.complete:
+            reason = ("the grammar walk made no progress (dead end)" if a.dead_end
+                      else "the output did not finish within the token budget")
+            self.errors.append(reason)
+            # dead end or out of budget: keep half of what was generated, renoise the rest
+            return Redo(a.tokens[: len(a.tokens) // 2], [reason])
+        outcome = self.c.validate_text(self.text_of(a.tokens))
+        if not outcome.ok:
+            reasons = [str(e) for e in outcome.errors]
+            self.errors.extend(reasons)
+            return Redo(self._prefix_before(a.tokens, outcome.errors), reasons)
+        value = outcome.value.model_dump(mode="json") if hasattr(outcome.value, "model_dump") else outcome.value
+        junk = junk_paths(value, schema=self.c.schema) if self.opts.repair_junk and self.c.kind == "json" else []
+        best = self.least_junk
+        if best is None or len(junk) < best.junk:
+            self.least_junk = best = LeastJunk(len(junk), a, outcome)
+        if junk and attempt < self.opts.max_repairs:
+            self.stats.junk_repairs += 1
+            issues = [ValidationIssue(p, "structural junk inside a string") for p in junk]
+            return Redo(self._prefix_before(a.tokens, issues), [str(i) for i in issues])
+        return Accept(best.attempt, best.outcome)
+
+    def _prefix_before(self, tokens: list[int], issues: list) -> list[int]:
+        """Tokens before the earliest offending value (where renoising restarts); without a
+        located issue, half of them."""
+        if not issues:
+            return tokens[: len(tokens) // 2]
+        text = self.text_of(tokens)
+        _, answer = split_reasoning(self.c, text)
+        skip = len(text) - len(answer)  # a thought block before the answer is kept as it is
+        offset = skip + (error_char_offset(answer, [i.path for i in issues]) if self.c.kind == "json" else 0)
+        pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+        return tokens[:char_to_token_index(pieces, offset)]
+
+    def give_up(self, last: Attempt | None, t0: float) -> Accept | GiveUp:
+        """No attempt left: the least-junk valid value if one was seen, else the typed error."""
+        if self.least_junk is not None:  # a valid value (with junk) beat every later attempt
+            return Accept(self.least_junk.attempt, self.least_junk.outcome)
+        s = self.stats
+        s.wall_s = time.perf_counter() - t0
+        partial = self.text_of(last.tokens) if last else ""
+        if last is not None and not last.complete and not last.dead_end:
+            s.finish_reason = "length"
+            s.generated_tokens = len(last.tokens)
+            return GiveUp(LengthError(f"the output could not be completed within max_new_tokens="
+                                      f"{self.opts.max_new_tokens}; nothing truncated was returned",
+                                      partial_text=partial, stats=s))
+        s.finish_reason = "error"
+        return GiveUp(GenerationFailed("no valid output after {} repairs{}: {}".format(
+            self.opts.max_repairs, " and the AR fallback" if s.fallback else "", "; ".join(self.errors[-3:])),
+            errors=self.errors, partial_text=partial, stats=s))
+
+    def finish(self, verdict: Accept, t0: float) -> GenerationResult:
+        a, s = verdict.attempt, self.stats
+        s.wall_s = time.perf_counter() - t0
+        s.generated_tokens = len(a.tokens)
+        s.tokens_per_forward = (len(a.tokens) + 1) / s.forward_passes if s.forward_passes else 0.0
+        s.other_s = max(0.0, s.wall_s - s.model_s)
+        s.finish_reason = "stop"
+        reasoning, text = split_reasoning(self.c, self.text_of(a.tokens))
+        return GenerationResult(text=text, token_ids=a.tokens, stats=s, value=verdict.outcome.value,
+                                reasoning=reasoning)

@@ -10,7 +10,10 @@ class GenerationStats:
     """Counters of one generation (one row of a batch).
 
     ``tokens_per_forward`` is computed as transformers defines it: generated non-pad tokens divided
-    by the decoder forward passes this row took part in (AR mode: tokens per encoder step).
+    by the decoder forward passes this row took part in (AR mode: tokens per encoder step); the
+    constrained API counts the accepted tokens plus the stop token instead. ``other_s`` is
+    ``wall_s - model_s`` (at least 0). Both stay stored fields: they are constructor arguments, and
+    the two ``tokens_per_forward`` formulas give different numbers.
     """
 
     mode: str = "diffusion"

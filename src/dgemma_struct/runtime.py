@@ -10,110 +10,30 @@ Example::
 """
 from __future__ import annotations
 
-import math
 import numbers
-import secrets
 import threading
 import time
 from pathlib import Path
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Iterator, Sequence
 
 import torch
 
-from dgemma_struct.canvas import LoopOutput, autoregressive_loop, diffusion_loop
+from dgemma_struct.autoregressive import autoregressive_loop
+from dgemma_struct.canvas import LoopOutput, diffusion_loop
 from dgemma_struct.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from dgemma_struct.hooks import StepHook
+# the request checks live in ``prompts``; re-exported here as the runtime's face (api and the server
+# import them from here)
+from dgemma_struct.prompts import (MAX_SEED, MAX_TEMPERATURE, MODES, ChatPrompt, Prompt,  # noqa: F401
+                                   chat_messages, check_max_new_tokens, check_prompt_ids, check_sampling,
+                                   check_seed, fresh_seed)
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
 from dgemma_struct.sampler import DiffusionSettings
 
-
-
-@dataclass(frozen=True)
-class ChatPrompt:
-    """Chat messages plus what the checkpoint's chat template renders besides them: tool
-    declarations (OpenAI ``tools`` entries, rendered into the system turn) and template options
-    such as ``enable_thinking``."""
-
-    messages: Sequence[dict]
-    tools: Sequence[dict] | None = None
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-
-Prompt = Union[str, Sequence[dict], ChatPrompt]
-MODES = ("diffusion", "ar")
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
 _default_lock = threading.Lock()
 _default_runtime: "DiffusionRuntime | None" = None
-
-MAX_SEED = 2**63 - 1
-MAX_TEMPERATURE = 100.0
-
-
-def fresh_seed() -> int:
-    """A seed from the OS's entropy pool (what ``seed=None`` means in the constrained API)."""
-    return secrets.randbelow(2**62)
-
-
-def check_seed(seed: Any, name: str = "seed") -> None:
-    """``None`` or an integer in ``[0, 2**63)``; anything else is an :class:`InvalidRequestError`."""
-    if seed is None:
-        return
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) <= MAX_SEED:
-        raise InvalidRequestError(f"{name} must be None or an integer in [0, 2**63), got {seed!r}")
-
-
-def check_sampling(temperature: Any, top_p: Any) -> None:
-    """``temperature``: ``None`` or a finite number in ``[0, 100]``; ``top_p``: in ``(0, 1]``."""
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real)
-                                    or not math.isfinite(temperature) or not 0 <= temperature <= MAX_TEMPERATURE):
-        raise InvalidRequestError(f"temperature must be None or a number in [0, {MAX_TEMPERATURE:g}], "
-                                  f"got {temperature!r}")
-    if (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not math.isfinite(top_p)
-            or not 0 < top_p <= 1):
-        raise InvalidRequestError(f"top_p must be a number in (0, 1], got {top_p!r}")
-
-
-def check_max_new_tokens(max_new_tokens: Any) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens <= 0:
-        raise InvalidRequestError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-
-
-def _check_text(value: Any, what: str = "prompt") -> None:
-    """Every string in ``value`` (nested lists/dicts) must be valid Unicode: no lone surrogates."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise InvalidRequestError(f"the {what} is not valid Unicode (a lone surrogate at character "
-                                      f"{err.start})") from None
-    elif isinstance(value, dict):
-        for v in value.values():
-            _check_text(v, what)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _check_text(v, what)
-
-
-def _check_message(m: dict, i: int) -> dict:
-    """A chat message: a string ``role``; ``content`` a string, a list of OpenAI-style text parts
-    (joined), or absent/None (e.g. an assistant turn with tool calls)."""
-    role, content = m.get("role"), m.get("content")
-    if not isinstance(role, str) or not role:
-        raise InvalidRequestError(f"message {i} needs a string 'role'")
-    if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
-            raise InvalidRequestError(f"message {i}: only text content parts are supported")
-        return {**m, "content": "".join(p["text"] for p in content)}
-    if content is None and "content" in m and not m.get("tool_calls"):
-        raise InvalidRequestError(f"message {i} has no content")
-    if content is not None and not isinstance(content, (str, dict)):
-        raise InvalidRequestError(f"message {i} needs a string 'content', got {type(content).__name__}")
-    if content is None and "content" not in m and not m.get("tool_calls"):
-        raise InvalidRequestError(f"message {i} needs a 'content'")
-    return m
 
 
 class DiffusionRuntime:
@@ -179,21 +99,7 @@ class DiffusionRuntime:
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         """Chat-template a prompt (a user string, a list of chat messages or a :class:`ChatPrompt`)
         into token ids."""
-        extra: dict[str, Any] = {}
-        if isinstance(prompt, ChatPrompt):
-            if prompt.tools:
-                extra["tools"] = [dict(t) for t in prompt.tools]
-            extra.update(prompt.template_kwargs)
-            prompt = list(prompt.messages)
-            if not getattr(self.tokenizer, "chat_template", None) and extra:
-                raise InvalidRequestError("this tokenizer has no chat template to render tools or template options")
-        if isinstance(prompt, str):
-            messages = [{"role": "user", "content": prompt}]
-        elif isinstance(prompt, Sequence) and all(isinstance(m, dict) for m in prompt) and prompt:
-            messages = [_check_message(m, i) for i, m in enumerate(prompt)]
-        else:
-            raise InvalidRequestError("prompt must be a string or a non-empty list of chat messages")
-        _check_text(messages)
+        messages, extra = chat_messages(prompt, has_template=bool(getattr(self.tokenizer, "chat_template", None)))
         try:
             if getattr(self.tokenizer, "chat_template", None):
                 ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -206,11 +112,17 @@ class DiffusionRuntime:
         except Exception as err:  # noqa: BLE001 - a template or tokenizer refusing this input
             raise InvalidRequestError(f"the prompt could not be encoded: {type(err).__name__}: {err}"[:500]) from err
 
-    def _batch(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def check_fits(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        """Raises :class:`PromptTooLongError` when the longest encoded prompt plus
+        ``max_new_tokens`` exceeds the model's context."""
         longest = max(len(e) for e in encoded)
         if longest + max_new_tokens > self.max_context:
             raise PromptTooLongError(f"prompt of {longest} tokens plus max_new_tokens={max_new_tokens} exceeds "
                                      f"the model's context of {self.max_context} tokens")
+
+    def _batch(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.check_fits(encoded, max_new_tokens)
+        longest = max(len(e) for e in encoded)
         pad = self.pad_token_id if self.pad_token_id is not None else 0
         ids = torch.full((len(encoded), longest), pad, dtype=torch.long)
         mask = torch.zeros((len(encoded), longest), dtype=torch.long)
@@ -295,13 +207,7 @@ class DiffusionRuntime:
         check_sampling(temperature, top_p)
         if settings is not None and not isinstance(settings, DiffusionSettings):
             raise InvalidRequestError(f"settings must be a DiffusionSettings, got {type(settings).__name__}")
-        if (isinstance(encoded, (str, bytes)) or not isinstance(encoded, Sequence) or not encoded
-                or any(isinstance(e, (str, bytes)) or not isinstance(e, Sequence) or len(e) == 0 for e in encoded)):
-            raise InvalidRequestError("every prompt needs at least one token id")
-        V = self.model.config.text_config.vocab_size
-        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < V
-               for e in encoded for t in e):
-            raise InvalidRequestError(f"prompt token ids must be integers in [0, {V})")
+        check_prompt_ids(encoded, self.model.config.text_config.vocab_size)
         per_row = hook is not None or isinstance(seed, (list, tuple))
         ids, mask = self._batch(encoded, max_new_tokens)
         with self.lock:
@@ -338,47 +244,6 @@ class DiffusionRuntime:
                 mask_s=out.hook_s, finish_reason=reason, seed=row_seeds[b])
             results.append(GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=stats))
         return results
-
-    # -- constrained generation on this runtime (the module-level API with runtime=self) ----------
-    def generate_json(self, prompt: Prompt, schema: Any, **opts: Any) -> Any:
-        """``dgemma_struct.generate_json`` on this runtime.
-
-        >>> rt = DiffusionRuntime.default()                       # doctest: +SKIP
-        >>> rt.generate_json("Extract as JSON.\nAda is 36.", {"type": "object"})  # doctest: +SKIP
-        """
-        from dgemma_struct import api
-
-        return api.generate_json(prompt, schema, runtime=self, **opts)
-
-    def generate_regex(self, prompt: Prompt, pattern: str, **opts: Any) -> Any:
-        """``dgemma_struct.generate_regex`` on this runtime."""
-        from dgemma_struct import api
-
-        return api.generate_regex(prompt, pattern, runtime=self, **opts)
-
-    def generate_grammar(self, prompt: Prompt, lark_grammar: str, **opts: Any) -> Any:
-        """``dgemma_struct.generate_grammar`` on this runtime."""
-        from dgemma_struct import api
-
-        return api.generate_grammar(prompt, lark_grammar, runtime=self, **opts)
-
-    def generate_choice(self, prompt: Prompt, choices: Sequence[str], **opts: Any) -> Any:
-        """``dgemma_struct.generate_choice`` on this runtime."""
-        from dgemma_struct import api
-
-        return api.generate_choice(prompt, choices, runtime=self, **opts)
-
-    def generate_json_batch(self, prompts: Sequence[Prompt], schema: Any, **opts: Any) -> list[Any]:
-        """``dgemma_struct.generate_json_batch`` on this runtime."""
-        from dgemma_struct import api
-
-        return api.generate_json_batch(prompts, schema, runtime=self, **opts)
-
-    async def agenerate_json(self, prompt: Prompt, schema: Any, **opts: Any) -> Any:
-        """``dgemma_struct.agenerate_json`` on this runtime."""
-        from dgemma_struct import api
-
-        return await api.agenerate_json(prompt, schema, runtime=self, **opts)
 
     def stream(self, prompt: Prompt | None = None, *, prompt_ids: Sequence[int] | None = None,
                max_new_tokens: int = 128, seed: int | Sequence[int] | None = None, drafts: bool = False,

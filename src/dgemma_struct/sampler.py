@@ -11,9 +11,9 @@ Example::
 
     >>> import torch
     >>> from dgemma_struct.sampler import entropy_bound_accept
-    >>> logits = torch.tensor([[[9.0, 0.0], [0.0, 0.0]]])
-    >>> entropy_bound_accept(logits, entropy_bound=0.1).tolist()
-    [[True, False]]
+    >>> logits = torch.tensor([[[9.0, 0.0], [0.0, 0.0], [0.0, 1.0]]])   # entropies 0.001, 0.693, 0.582
+    >>> entropy_bound_accept(logits, entropy_bound=0.1).tolist()   # the highest accepted one is free
+    [[True, False, True]]
 """
 from __future__ import annotations
 

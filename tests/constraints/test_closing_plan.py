@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dgemma_struct.constraints import Regex, compile_constraint
-from dgemma_struct.constraints.canvas_mask import closing_candidates
+from dgemma_struct.constraints.closing import closing_candidates
 
 # vLLM's ``sample_json_schema`` (vllm tests/conftest.py, Apache-2.0), the schema of its structured-output tests
 VLLM_SAMPLE_JSON_SCHEMA = {

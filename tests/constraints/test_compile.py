@@ -191,9 +191,9 @@ def bitmask_bits(row, V):
 
 def test_compile_limits_are_typed(hf_tok, monkeypatch):
     # with tiny engine limits a large grammar / schema must fail fast with a typed error
-    import dgemma_struct.constraints.compile as C
+    import dgemma_struct.constraints.safety as S
 
-    monkeypatch.setattr(C, "_LIMITS_KW", dict(max_grammar_size=200, initial_lexer_fuel=2_000, max_lexer_states=50))
+    monkeypatch.setattr(S, "PARSER_LIMITS", dict(max_grammar_size=200, initial_lexer_fuel=2_000, max_lexer_states=50))
     with pytest.raises(ConstraintCompileTimeout):
         compile_constraint(Grammar("start: " + " | ".join(f'"w{i}"' for i in range(300))), tokenizer=hf_tok,
                            use_cache=False)

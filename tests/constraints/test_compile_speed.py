@@ -7,13 +7,14 @@ import pytest
 import dgemma_struct.constraints.compile as comp
 from dgemma_struct.constraints import compile_constraint
 from dgemma_struct.constraints.json_schema import _is_email, prepare_json_schema
+from dgemma_struct.constraints.safety import parser_limits
 from dgemma_struct.errors import SchemaError
 
 
 def test_grammar_compiled_once(hf_tok):
     info = comp.get_tokenizer_info(hf_tok)
     plan = prepare_json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}, info.lltok,
-                               limits=comp._limits())
+                               limits=parser_limits())
     assert plan.matcher is not None and not plan.matcher.is_error()
     c = comp._compile_json({"type": "integer"}, info, strict=False, whitespace="compact", separators=None)
     assert c.matches("12") and not c.matches("x")

@@ -162,7 +162,7 @@ def test_partial_json_closes_open_structures():
 
 
 def test_junk_in_strings_is_detected():
-    from dgemma_struct.api import junk_paths
+    from dgemma_struct.repair import junk_paths
 
     assert junk_paths({"a": "ok", "b": ['x"}', "fine"], "c": {"d": "} []"}}) == [("b", 0), ("c", "d")]
     assert junk_paths({"email": "a@b.com", "n": 3}) == []
@@ -194,7 +194,7 @@ def test_deadline_stops_a_running_loop(tiny_runtime, mode):
 
 
 def test_leaked_key_names_count_as_junk():
-    from dgemma_struct.api import junk_paths
+    from dgemma_struct.repair import junk_paths
 
     schema = {"type": "object", "properties": {"job": {"type": "string"},
                                                "address": {"type": "object", "properties": {"city": {}}}}}
@@ -228,7 +228,7 @@ def test_budget_aware_closing_turns_length_errors_into_values(tiny_runtime, mode
 
 def test_closing_plan_closes_open_structures(tiny_runtime):
     from dgemma_struct.api import constraint_for
-    from dgemma_struct.guide import closer_ids
+    from dgemma_struct.constraints import closer_ids, closing_plan
 
     c = constraint_for(OPEN, tiny_runtime)
     tok = tiny_runtime.tokenizer
@@ -239,7 +239,7 @@ def test_closing_plan_closes_open_structures(tiny_runtime):
     for prefix in ['{"s":"abc', '{"s":"a","t":["x', '{"s":"a","t":[', '{"s":"a\\"']:
         w = c.canvas_walker()
         w.commit(tok.encode(prefix))
-        plan = w.closing_plan(quote, bracket, 32, byte_ids, byte_values)
+        plan = closing_plan(w, quote, bracket, 32, byte_ids, byte_values)
         assert plan is not None and len(plan) <= 8, prefix
         text = prefix + tok.decode(plan)
         assert c.matches(text), text  # the plan completes the output
@@ -247,20 +247,32 @@ def test_closing_plan_closes_open_structures(tiny_runtime):
     email = constraint_for(Regex(r"[a-z0-9.]+@[a-z]+\.[a-z]+"), tiny_runtime)
     w = email.canvas_walker()
     w.commit(tok.encode("laura"))
-    plan = w.closing_plan(quote, bracket, 16, byte_ids, byte_values)
+    plan = closing_plan(w, quote, bracket, 16, byte_ids, byte_values)
     assert plan is not None and email.matches("laura" + tok.decode(plan)), plan
 
 
-def test_the_api_is_also_on_the_runtime(tiny_runtime):
+def test_the_verbs_take_a_runtime_and_a_generator_compiles_once(tiny_runtime):
     import asyncio
 
-    assert tiny_runtime.generate_choice("pick", ["yes", "no"]) in ("yes", "no")
-    assert re.fullmatch(r"[0-9]{3}", tiny_runtime.generate_regex("n", r"[0-9]{3}"))
-    jsonschema.validate(tiny_runtime.generate_json("j", SCHEMA, max_new_tokens=96), SCHEMA)
-    g = tiny_runtime.generate_grammar("e", "arithmetic", max_new_tokens=48)
-    assert tiny_runtime.generate_json_batch(["a", "b"], {"type": "boolean"}) in ([True, True], [True, False],
-                                                                               [False, True], [False, False])
-    assert asyncio.run(tiny_runtime.agenerate_json("a", {"type": "integer"})) is not None and g
+    from dgemma_struct import Generator, generate_choice, generate_grammar, generate_json, generate_json_batch
+    from dgemma_struct import agenerate_json, generate_regex
+
+    rt = tiny_runtime
+    assert generate_choice("pick", ["yes", "no"], runtime=rt) in ("yes", "no")
+    assert re.fullmatch(r"[0-9]{3}", generate_regex("n", r"[0-9]{3}", runtime=rt))
+    jsonschema.validate(generate_json("j", SCHEMA, runtime=rt, max_new_tokens=96), SCHEMA)
+    g = generate_grammar("e", "arithmetic", runtime=rt, max_new_tokens=48)
+    assert generate_json_batch(["a", "b"], {"type": "boolean"}, runtime=rt) in ([True, True], [True, False],
+                                                                              [False, True], [False, False])
+    assert asyncio.run(agenerate_json("a", {"type": "integer"}, runtime=rt)) is not None and g
+    gen = Generator(rt, SCHEMA, max_new_tokens=96)
+    one = gen("j")
+    assert one == generate_json("j", SCHEMA, runtime=rt, max_new_tokens=96)  # the same call, compiled once
+    assert gen.batch(["j", "k"])[0] == one
+    assert asyncio.run(gen.acall("j")) == one
+    events = list(gen.stream("j"))
+    assert events[-1].done and events[-1].validated
+    jsonschema.validate(events[-1].value, SCHEMA)
 
 
 @pytest.mark.parametrize("mode", ["diffusion", "ar"])
@@ -287,6 +299,7 @@ def test_ar_masks_are_computed_ahead_and_change_nothing(tiny_runtime, monkeypatc
     # The AR mask for token t is computed on a worker thread while the forward for token t runs;
     # the output must be exactly what the synchronous path gives.
     import dgemma_struct.guide as G
+    import dgemma_struct.lookahead as LA
 
     used = []
     real = G.ConstraintGuide._ar_masks
@@ -309,13 +322,13 @@ def test_ar_masks_are_computed_ahead_and_change_nothing(tiny_runtime, monkeypatc
             f.set_result(fn(*a))
             return f
 
-    monkeypatch.setattr(G, "_mask_pool", lambda: Sync())
+    monkeypatch.setattr(LA, "_mask_pool", lambda: Sync())
     sync = generate("x", SCHEMA, runtime=tiny_runtime, max_new_tokens=64, seed=3, mode="ar", return_details=True)
     assert ahead.token_ids == sync.token_ids
 
 
 def test_junk_detection_avoids_false_positives_and_odd_keys():
-    from dgemma_struct.api import junk_paths
+    from dgemma_struct.repair import junk_paths
 
     schema = {"type": "object", "title": "Meeting", "properties": {"day": {"type": "string"},
                                                                     "time": {"type": "string"}}}
@@ -329,7 +342,7 @@ def test_junk_detection_avoids_false_positives_and_odd_keys():
 def test_closing_never_writes_closers_as_string_content(tiny_runtime, mode):
     # Outside a string the plan opens a value with a bare quote, never `"]}` (which would leave
     # `]}` as the new string's content).
-    from dgemma_struct.api import junk_paths
+    from dgemma_struct.repair import junk_paths
 
     schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string"}},
                                                "c": {"type": "string"}}, "required": ["a", "b", "c"]}
@@ -341,7 +354,7 @@ def test_closing_never_writes_closers_as_string_content(tiny_runtime, mode):
 
 
 def test_mask_pool_is_rebuilt_after_fork(monkeypatch):
-    import dgemma_struct.guide as G
+    import dgemma_struct.lookahead as G
 
     first = G._mask_pool()
     assert G._mask_pool() is first

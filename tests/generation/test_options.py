@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from dgemma_struct import (Choice, GenerationResult, Regex, errors, generate, generate_batch, generate_choice,
                            generate_grammar, generate_json, generate_regex, stream, stream_json)
-from dgemma_struct.constraints.canvas_mask import WalkResult
+from dgemma_struct.constraints import WalkResult
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
                                                                              "maximum": 9}},
@@ -131,7 +131,7 @@ def test_an_empty_mask_is_a_dead_end_never_nan(tiny_runtime, mode):
     w = _EmptyAtFrontier(constraint_for(SCHEMA, tiny_runtime).canvas_walker(), after=3)
     guide = ConstraintGuide([w], pad_token_id=0)
     res = tiny_runtime.generate("x", max_new_tokens=32, seed=0, mode=mode, hook=guide)
-    assert guide.dead_end[0] and guide.no_allowed[0]
+    assert guide.outcome(0).dead_end and guide.rows[0].no_allowed
     assert len(w.frozen_tokens) == 3  # nothing committed past the dead end
     assert res.stats.forward_passes > 0
 

@@ -285,6 +285,18 @@ def test_long_source_compiles_and_masks(tok):
     assert c.grammar_accepts(f'{{"name":"{name}","age":{age}}}')
 
 
+
+def test_source_spelling_a_rule_name_compiles(tok):
+    """The span lexeme's edge rules are written once per grammar even when the source itself spells
+    one of their names (it used to be looked up in the grammar text, source chunks included)."""
+    schema = {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}
+    for granularity in ("words", "chars"):
+        c = compile_grounded(schema, tok, source="Call EDGE_WS now, Ann Lee.", ground="strings",
+                             granularity=granularity, use_cache=False)
+        assert c.lark.count("EDGE_WS:") == 1
+        assert c.matches(doc("Ann Lee")) and not c.matches(doc(" Ann"))
+
+
 def test_server_grounding_options():
     from dgemma_struct.grounding import grounding_options
     assert grounding_options(True) == {"ground": "strings"}

@@ -13,7 +13,8 @@ from server_harness import running_server
 
 from dgemma_struct.api import constraint_for
 from dgemma_struct.errors import ConstraintEngineError
-from dgemma_struct.server.batcher import Batcher, Job
+from dgemma_struct.server.batcher import Batcher
+from dgemma_struct.server.jobs import Job
 
 MSG = [{"role": "user", "content": "Give the answer as JSON."}]
 GOOD = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],

@@ -9,6 +9,8 @@ import re
 
 import pytest
 
+from dgemma_struct import api
+
 STOP_SPELLINGS = ("<eos>", "<turn|>", "<|tool_response>")
 
 
@@ -29,8 +31,8 @@ SCHEMA = {"type": "object", "properties": {"note": {"type": "string", "maxLength
 
 @pytest.mark.parametrize("mode", ["diffusion", "ar"])
 def test_json(runtime, mode):
-    res = runtime.generate_json("Give a note and a number as JSON.", SCHEMA, max_new_tokens=40, mode=mode,
-                                max_repairs=1, return_details=True)
+    res = api.generate_json("Give a note and a number as JSON.", SCHEMA, max_new_tokens=40, mode=mode,
+                            max_repairs=1, return_details=True, runtime=runtime)
     _clean(res)
     value = json.loads(res.text)
     assert set(value) == {"note", "n"} and len(value["note"]) <= 12 and 0 <= value["n"] <= 99
@@ -39,21 +41,22 @@ def test_json(runtime, mode):
 
 def test_regex_with_newlines(runtime):
     pat = r"[a-z]{1,4}\n[0-9]{1,3}\n?"
-    res = runtime.generate_regex("Two lines.", pat, max_new_tokens=16, max_repairs=1, return_details=True)
+    res = api.generate_regex("Two lines.", pat, max_new_tokens=16, max_repairs=1, return_details=True,
+                             runtime=runtime)
     _clean(res)
     assert re.fullmatch(pat, res.text), res.text
 
 
 def test_choice_with_newline(runtime):
     choices = ["yes\nsure", "no\n", "maybe"]
-    res = runtime.generate_choice("Pick one.", choices, max_new_tokens=8, return_details=True)
+    res = api.generate_choice("Pick one.", choices, max_new_tokens=8, return_details=True, runtime=runtime)
     _clean(res)
     assert res.text in choices and res.value == res.text
 
 
 def test_grammar_of_lines(runtime):
     grammar = 'start: line line?\nline: WORD "\\n"\nWORD: /[a-z]{1,5}/\n'
-    res = runtime.generate_grammar("Write a line or two.", grammar, max_new_tokens=16, max_repairs=1,
-                                   return_details=True)
+    res = api.generate_grammar("Write a line or two.", grammar, max_new_tokens=16, max_repairs=1,
+                               return_details=True, runtime=runtime)
     _clean(res)
     assert re.fullmatch(r"([a-z]{1,5}\n){1,2}", res.text), res.text

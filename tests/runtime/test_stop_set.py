@@ -30,28 +30,29 @@ def test_constraints_compiled_for_a_runtime_stop_on_every_eos_id(runtime):
 
 @pytest.mark.parametrize("mode", ["diffusion", "ar"])
 def test_whichever_stop_token_the_model_writes_is_stripped(runtime, monkeypatch, mode):
-    import dgemma_struct.api as api
     from dgemma_struct.guide import ConstraintGuide
 
     seen = []
+    init, mask, mask_ar = ConstraintGuide.__init__, ConstraintGuide.mask_logits, ConstraintGuide.mask_ar_logits
 
-    class PrefersSecondStop(ConstraintGuide):
-        """Makes the model prefer stop id 4 (``<end_of_turn>``) wherever the grammar allows a stop."""
+    # patched on the class, wherever the API builds its guide: the model prefers stop id 4
+    # (``<end_of_turn>``) wherever the grammar allows a stop
+    def __init__(self, *a, **k):
+        init(self, *a, **k)
+        seen.append(self)
 
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            seen.append(self)
+    def mask_logits(self, view):
+        mask(self, view)
+        view.logits[..., 4] += 1e4  # masked logits: only where a stop is allowed
+        view.touched = None  # it changed every position: the loop must re-take every argmax
 
-        def mask_logits(self, view):
-            super().mask_logits(view)
-            view.logits[..., 4] += 1e4  # masked logits: only where a stop is allowed
-            view.touched = None  # it changed every position: the loop must re-take every argmax
+    def mask_ar_logits(self, logits, active):
+        mask_ar(self, logits, active)
+        logits[..., 4] += 1e4
 
-        def mask_ar_logits(self, logits, active):
-            super().mask_ar_logits(logits, active)
-            logits[..., 4] += 1e4
-
-    monkeypatch.setattr(api, "ConstraintGuide", PrefersSecondStop)
+    monkeypatch.setattr(ConstraintGuide, "__init__", __init__)
+    monkeypatch.setattr(ConstraintGuide, "mask_logits", mask_logits)
+    monkeypatch.setattr(ConstraintGuide, "mask_ar_logits", mask_ar_logits)
     res = generate("x", Regex("[a-z]{2,6}"), runtime=runtime, max_new_tokens=16, mode=mode, return_details=True)
     assert seen and seen[0].walkers[0].frozen_tokens[-1] == 4  # the output really ended with id 4
     assert 4 not in res.token_ids and 1 not in res.token_ids

@@ -330,7 +330,8 @@ def test_a_cancelled_row_leaves_a_running_batch():
     import asyncio
 
     from dgemma_struct.errors import GenerationTimeout
-    from dgemma_struct.server.batcher import Batcher, Job
+    from dgemma_struct.server.batcher import Batcher
+    from dgemma_struct.server.jobs import Job
     from dgemma_struct.testing import tiny_runtime
 
     rt = tiny_runtime()

@@ -17,22 +17,19 @@ import re
 from decimal import Decimal, InvalidOperation
 from dataclasses import dataclass, field
 from typing import Any, Iterator
-from urllib.parse import unquote
 
 import jsonschema
 import llguidance as llg
+from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, SchemaError, UnsupportedKeywordError
 
-from .safety import check_ref_cycles, check_schema_input, clip, engine_guard, has_wide_int
+from .safety import check_schema_input, clip, engine_guard, has_wide_int, is_limit_error
+from .schema_checks import check_schema, is_number, iter_subschemas
+from .schema_checks import jsonschema_rs as _rs
+
 
 __all__ = ["JsonPlan", "prepare_json_schema", "make_validator", "iter_issues", "missing_format_extras"]
-
-_SUBSCHEMA_DICT_KWS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SUBSCHEMA_LIST_KWS = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SUBSCHEMA_KWS = ("items", "additionalProperties", "additionalItems", "contains", "not", "if", "then",
-                  "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-
 
 @dataclass
 class JsonPlan:
@@ -42,34 +39,6 @@ class JsonPlan:
     semantic_keywords: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     matcher: Any = None  # the compiled llguidance.LLMatcher at its start state (compiled once)
-
-
-def _walk(schema: Any, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
-    """Yield (path, subschema-dict) for every subschema."""
-    if not isinstance(schema, dict):
-        return
-    yield path, schema
-    for kw in _SUBSCHEMA_DICT_KWS:
-        v = schema.get(kw)
-        if isinstance(v, dict):
-            for k, sub in v.items():
-                yield from _walk(sub, path + (kw, k))
-    for kw in _SUBSCHEMA_LIST_KWS:
-        v = schema.get(kw)
-        if isinstance(v, list):
-            for i, sub in enumerate(v):
-                yield from _walk(sub, path + (kw, i))
-    for kw in _SUBSCHEMA_KWS:
-        v = schema.get(kw)
-        if isinstance(v, dict):
-            yield from _walk(v, path + (kw,))
-        elif isinstance(v, list) and kw in ("items", "additionalItems"):
-            for i, sub in enumerate(v):
-                yield from _walk(sub, path + (kw, i))
-
-
-def _fmt_path(path: tuple) -> str:
-    return "#/" + "/".join(str(p) for p in path) if path else "#"
 
 
 # Python modules behind ``jsonschema[format-nongpl]``; without them jsonschema silently skips
@@ -164,7 +133,7 @@ def make_validator(schema: Any) -> Any:
 def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
     try:
         errs = list(validator.iter_errors(instance))
-    except jsonschema.exceptions._WrappedReferencingError as e:  # type: ignore[attr-defined]
+    except Unresolvable as e:  # jsonschema wraps referencing's errors in a subclass
         raise UnsupportedKeywordError(f"cannot resolve $ref: {clip(e)}", keywords=["$ref"]) from None
     except RecursionError:
         # bounded: $ref cycles that consume no input are refused at compile time; this is a
@@ -173,128 +142,13 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
     return [(tuple(e.absolute_path), e.message) for e in errs]
 
 
-try:  # the fast metaschema check and the RFC-following email checks (jsonschema-rs, Rust)
-    import jsonschema_rs as _rs
-except ImportError:  # pragma: no cover - optional: fall back to jsonschema's own
-    _rs = None
-
-
-def _rs_meta_valid(schema: Any) -> bool:
-    """jsonschema-rs' metaschema verdict (about 100x faster than jsonschema's); False when unsure."""
-    if _rs is None:
-        return False
-    try:
-        with engine_guard("checking the schema against its metaschema"):
-            return bool(_rs.meta.is_valid(schema))
-    except Exception:  # noqa: BLE001 - unknown $schema, unsupported value ...: let jsonschema decide
-        return False
-
-
-def _patterns_compile(schema: Any, subs: list | None = None) -> bool:
-    """Every ``pattern`` / ``patternProperties`` key compiles with Python's ``re`` (what validation
-    uses; jsonschema's metaschema check asserts it through the ``regex`` format, jsonschema-rs does not)."""
-    for _, s in (subs if subs is not None else _walk(schema)):
-        pats = [s["pattern"]] if isinstance(s.get("pattern"), str) else []
-        if isinstance(s.get("patternProperties"), dict):
-            pats += list(s["patternProperties"])
-        for p in pats:
-            try:
-                re.compile(p)
-            except (re.error, RecursionError, OverflowError):
-                return False
-    return True
-
-
-def _check_metaschema(schema: Any, subs: list | None = None) -> None:
-    if _rs_meta_valid(schema) and _patterns_compile(schema, subs):
-        return
-    # invalid per jsonschema-rs, or unsure: jsonschema decides and words the message
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as e:
-        raise SchemaError(f"invalid JSON Schema at {clip(_fmt_path(tuple(e.absolute_path)), 200)}: "
-                          f"{clip(e.message)}") from None
-
-
-def _resolve_pointer(root: Any, ref: str) -> bool:
-    frag = ref[1:]
-    if not frag:
-        return True
-    if not frag.startswith("/"):
-        # plain-name fragment: an $anchor somewhere
-        return any(s.get("$anchor") == frag or s.get("$dynamicAnchor") == frag for _, s in _walk(root))
-    cur = root
-    for part in frag[1:].split("/"):
-        part = unquote(part).replace("~1", "/").replace("~0", "~")
-        if isinstance(cur, dict) and part in cur:
-            cur = cur[part]
-        elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
-            cur = cur[int(part)]
-        else:
-            return False
-    return True
-
-
-def _all_refs(schema: Any, path: tuple = ()) -> Iterator[tuple[tuple, str]]:
-    if isinstance(schema, dict):
-        for k, v in schema.items():
-            if k in ("$ref", "$dynamicRef") and isinstance(v, str):
-                yield path + (k,), v
-            elif k not in ("enum", "const", "default", "examples"):
-                yield from _all_refs(v, path + (k,))
-    elif isinstance(schema, list):
-        for i, v in enumerate(schema):
-            yield from _all_refs(v, path + (i,))
-
-
-def _check_refs(schema: Any, subs: list | None = None) -> None:
-    ids = {s.get("$id") for _, s in (subs if subs is not None else _walk(schema)) if isinstance(s.get("$id"), str)}
-    for path, ref in _all_refs(schema):
-        if ref.startswith("#"):
-            if not _resolve_pointer(schema, ref):
-                raise SchemaError(f"dangling $ref {ref!r} at {_fmt_path(path)}", keywords=["$ref"])
-        else:
-            base = ref.split("#", 1)[0]
-            if not any(i and (i == base or i.rstrip("/").endswith(base.lstrip("./"))) for i in ids):
-                raise UnsupportedKeywordError(
-                    f"remote $ref {ref!r} at {_fmt_path(path)} cannot be resolved offline", keywords=["$ref"])
-
-
-def _num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _check_bounds(schema: Any, subs: list | None = None) -> None:
-    pairs = [("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"),
-             ("minContains", "maxContains")]
-    for path, s in (subs if subs is not None else _walk(schema)):
-        for lo, hi in pairs:
-            if _num(s.get(lo)) and _num(s.get(hi)) and s[lo] > s[hi]:
-                raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: {lo} ({s[lo]}) > {hi} ({s[hi]})",
-                                  keywords=[lo, hi])
-        lo = [v for v in (s.get("minimum"), s.get("exclusiveMinimum")) if _num(v)]
-        hi = [v for v in (s.get("maximum"), s.get("exclusiveMaximum")) if _num(v)]
-        if lo and hi:
-            mn, mx = max(lo), min(hi)
-            strict_ = (_num(s.get("exclusiveMinimum")) and s["exclusiveMinimum"] == mn) or \
-                      (_num(s.get("exclusiveMaximum")) and s["exclusiveMaximum"] == mx)
-            if mn > mx or (mn == mx and strict_):
-                raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: minimum {mn} > maximum {mx}",
-                                  keywords=["minimum", "maximum"])
-        if "enum" in s and isinstance(s["enum"], list) and not s["enum"]:
-            raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: empty enum", keywords=["enum"])
-        if s.get("type") == []:
-            raise SchemaError(f"unsatisfiable schema at {_fmt_path(path)}: empty type list", keywords=["type"])
-
-
 def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True) -> Any:
     """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only; keywords
     llguidance compiles wrongly are removed (named in ``dropped``, enforced by validation)."""
     g = json.loads(json.dumps(schema))  # a JSON value (checked): ~4x faster than copy.deepcopy
-    for _, s in _walk(g):
+    for _, s in iter_subschemas(g):
         mp = s.get("minProperties")
-        if (_num(mp) and mp > 0 and isinstance(s.get("properties"), dict) and s["properties"]
+        if (is_number(mp) and mp > 0 and isinstance(s.get("properties"), dict) and s["properties"]
                 and s.get("additionalProperties", True) is not False
                 and mp > len(set(s.get("required") or []))):
             # llguidance 1.x counts only the *additional* properties towards minProperties when
@@ -305,7 +159,7 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
         for kw, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
             if isinstance(s.get(kw), bool):  # draft-4 boolean form
                 flag = s.pop(kw)
-                if flag and _num(s.get(bound)):
+                if flag and is_number(s.get(bound)):
                     s[kw] = s.pop(bound)
         if isinstance(s.get("items"), list):  # draft-7 tuple form
             s["prefixItems"] = s.pop("items")
@@ -372,7 +226,7 @@ def _regex_ok(p: str) -> bool:
 def _relax_pattern(g: Any, bad: str | None) -> list[str]:
     """Remove unsupported ``pattern`` / ``patternProperties`` regexes from the grammar copy."""
     removed: list[str] = []
-    for _, s in _walk(g):
+    for _, s in iter_subschemas(g):
         p = s.get("pattern")
         if isinstance(p, str) and ((bad is not None and p == bad) or (bad is None and not _regex_ok(p))):
             s.pop("pattern")
@@ -393,7 +247,7 @@ def _relax_pattern(g: Any, bad: str | None) -> list[str]:
 
 
 def _uses(schema: Any, kw: str, subs: list | None = None) -> bool:
-    return any(kw in s for _, s in (subs if subs is not None else _walk(schema)))
+    return any(kw in s for _, s in (subs if subs is not None else iter_subschemas(schema)))
 
 
 def json_options(whitespace: str, separators: tuple[str, str] | None) -> dict:
@@ -426,13 +280,8 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
         raise SchemaError(f"schema is not JSON-serialisable: {clip(e)}") from None
     if schema is False:
         raise SchemaError("unsatisfiable schema: false")
-    subs = list(_walk(schema)) if isinstance(schema, dict) else []
-    _check_metaschema(schema, subs)
-    if isinstance(schema, dict):
-        _check_refs(schema, subs)
-        if any("$ref" in s for _, s in subs):
-            check_ref_cycles(schema)
-        _check_bounds(schema, subs)
+    subs = list(iter_subschemas(schema)) if isinstance(schema, dict) else []
+    check_schema(schema, subs)
     semantic: list[str] = []
     g = _grammar_copy(schema, semantic, wide) if isinstance(schema, dict) else {}
     if wide and has_wide_int(g):  # somewhere the grammar copy could not drop it: never hand it to the engine
@@ -472,8 +321,7 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
             raise SchemaError(f"unsatisfiable schema: {clip(msg)}")
         if "does not exist" in msg and "Pointer" in msg:
             raise SchemaError(f"dangling $ref: {clip(msg)}", keywords=["$ref"])
-        low = msg.lower()
-        if any(w in low for w in ("limit", "fuel", "too many", "too complex", "too large", "max_")):
+        if is_limit_error(msg, extra=("max_",)):
             raise ConstraintCompileTimeout(f"JSON schema exceeds the compile limits: {clip(msg)}")
         raise SchemaError(f"the schema cannot be compiled to a grammar: {clip(msg)}")
     else:  # pragma: no cover

@@ -38,7 +38,8 @@ from urllib.parse import unquote
 from dgemma_struct.errors import ConstraintEngineError, DgemmaStructError, SchemaError
 
 __all__ = ["MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "MAX_SPEC_BYTES", "MAX_ERROR_CHARS", "check_schema_input",
-           "is_wide_int", "has_wide_int", "engine_guard", "guarded", "is_native_panic", "clip", "check_ref_cycles"]
+           "is_wide_int", "has_wide_int", "engine_guard", "guarded", "is_native_panic", "clip", "check_ref_cycles",
+           "PARSER_LIMITS", "parser_limits", "LIMIT_WORDS", "is_limit_error"]
 
 #: most nested containers (dicts / lists) in a schema; JSONSchemaBench's deepest has 63, the engine
 #: refuses about 125 (its JSON reader's recursion limit)
@@ -49,6 +50,11 @@ MAX_SCHEMA_NODES = 500_000
 MAX_SPEC_BYTES = 1_000_000
 #: error messages quote at most this many characters of engine / parser text
 MAX_ERROR_CHARS = 600
+
+#: llguidance parser limits every constraint is compiled with (``llguidance.LLParserLimits`` keywords)
+PARSER_LIMITS = dict(max_grammar_size=500_000, initial_lexer_fuel=2_000_000, max_lexer_states=250_000)
+#: words of an engine message that refuses a spec for its size (a limit), not for its content
+LIMIT_WORDS = ("limit", "fuel", "too many", "too complex", "too large")
 
 _WIDE = float(2 ** 63)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,6 +68,22 @@ def clip(text: Any, limit: int = MAX_ERROR_CHARS) -> str:
         return s
     half = limit // 2
     return f"{s[:half]} … [{len(s) - limit} characters elided] … {s[-half:]}"
+
+
+def parser_limits() -> Any:
+    """A fresh ``llguidance.LLParserLimits`` from :data:`PARSER_LIMITS`."""
+    import llguidance as llg
+    return llg.LLParserLimits(**PARSER_LIMITS)
+
+
+def is_limit_error(msg: str, extra: tuple[str, ...] = ()) -> bool:
+    """Whether an engine error message reports one of its limits (:data:`LIMIT_WORDS`, plus ``extra``).
+
+    >>> is_limit_error("lexer fuel exhausted"), is_limit_error("unexpected token")
+    (True, False)
+    """
+    low = msg.lower()
+    return any(w in low for w in LIMIT_WORDS + tuple(extra))
 
 
 def is_wide_int(v: Any) -> bool:

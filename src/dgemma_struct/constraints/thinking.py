@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .compile import Constraint, ValidationOutcome
+from .constraint import Constraint, ValidationIssue, ValidationOutcome
 
 THOUGHT_OPEN, THOUGHT_CLOSE = "<|channel>", "<channel|>"
 THOUGHT_HEADER = "thought\n"
@@ -69,17 +69,15 @@ class ThinkingConstraint(Constraint):
             f"body: /(?s:.{{0,{CHARS_PER_TOKEN * max_thinking_tokens}}})/\n")}
         grammar = json.dumps({"grammars": [outer, *subs]})
         super().__init__(inner.kind, grammar, inner.tokenizer_info, schema=inner.schema,
-                         semantic_keywords=inner.semantic_keywords, validator=inner._validator,
-                         pydantic_adapter=inner._adapter, may_allow_specials=False,
+                         semantic_keywords=inner.semantic_keywords, validator=inner.validator,
+                         may_allow_specials=False,
                          description=f"thinking ({'required' if required else 'optional'}) + {inner.description}")
         self.inner = inner
         self.required = required
         self.max_thinking_tokens = max_thinking_tokens
         self._open_id, self._close_id = open_id, close_id
         self.closing_token_ids = (close_id, *getattr(inner, "closing_token_ids", ()))
-        for attr in ("choices",):
-            if hasattr(inner, attr):
-                setattr(self, attr, getattr(inner, attr))
+        self.choices = inner.choices
 
     def split_reasoning(self, text: str) -> tuple[str | None, str]:
         """``(reasoning, answer)`` of decoded text (special tokens kept); reasoning is None when the
@@ -103,7 +101,6 @@ class ThinkingConstraint(Constraint):
     def validate_text(self, text: str) -> ValidationOutcome:
         reasoning, answer = self.split_reasoning(text)
         if reasoning is None and self.required:
-            from .compile import ValidationIssue
             return ValidationOutcome(False, None, [ValidationIssue((), "a thought block is required first")])
         return self.inner.validate_text(answer)
 

@@ -7,9 +7,11 @@ Example::
 """
 from __future__ import annotations
 
-from .app import ServerConfig, ServerState, create_app, load_runtime
-from .batcher import Batcher, QueueFull, ShuttingDown
-from .errors import APIError, api_error_for
+from .app import create_app
+from .batcher import Batcher
+from .config import ServerConfig, load_runtime
+from .errors import APIError, QueueFull, ShuttingDown, api_error_for
+from .state import ServerState
 
 __all__ = ["ServerConfig", "ServerState", "create_app", "load_runtime", "serve", "Batcher", "QueueFull",
            "ShuttingDown", "APIError", "api_error_for"]

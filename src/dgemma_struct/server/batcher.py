@@ -20,6 +20,8 @@ loops, by ONE worker thread that owns the model. The event loop never runs model
   an API that takes one seed per call, rows are grouped by seed instead, and ``None`` rows share
   one fresh seed per batch.)
 
+The jobs are in :mod:`.jobs`, the SDK calls the worker makes in :mod:`.generation`.
+
 Example::
 
     batcher = Batcher(runtime, max_batch_size=8, max_wait_ms=10)
@@ -29,99 +31,20 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import inspect
 import queue
-import secrets
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from dgemma_struct import api
-from dgemma_struct.errors import ConstraintEngineError, DgemmaStructError, GenerationTimeout
+from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.results import GenerationResult
 from dgemma_struct.runtime import DiffusionRuntime
 
+from .errors import QueueFull, ShuttingDown
+from .generation import constrained_rows, free_text_rows, group_seed, per_row_seeds, stream_events
+from .jobs import DONE, Job, typed_error
 
-class QueueFull(Exception):
-    """The request queue is full (the server answers 429)."""
-
-
-class ShuttingDown(Exception):
-    """The batcher is stopped (the server answers 503)."""
-
-
-_DONE = object()
-
-
-def _accepts(fn: Any, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _per_row_seeds(fn: Any) -> bool:
-    """Whether ``fn``'s ``seed`` takes one seed per row (every row then has its own generator)."""
-    try:
-        return "Sequence" in str(inspect.signature(fn).parameters["seed"].annotation)
-    except (TypeError, ValueError, KeyError):
-        return False
-
-
-@dataclass
-class Job:
-    prompt: Any
-    spec: Any                       # a compiled Constraint, any spec generate() accepts, or None (free text)
-    max_new_tokens: int
-    seed: int | None
-    deadline: float                 # time.monotonic(); while queued: the queue deadline, then the run deadline
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future | None = None
-    events: asyncio.Queue | None = None   # streaming jobs
-    cancelled: bool = False
-    enqueued: float = field(default_factory=time.monotonic)
-    timeout_s: float | None = None  # run time allowed once the job starts (None: keep ``deadline``)
-    temperature: float | None = None
-    top_p: float | None = None
-    started: float | None = None
-    thinking: Any = False           # False, True (thought block required) or "optional"
-    max_thinking_tokens: int | None = None
-
-    def start(self) -> None:
-        """The worker starts running this job: its run deadline begins now."""
-        self.started = time.monotonic()
-        if self.timeout_s is not None:
-            self.deadline = self.started + self.timeout_s
-
-    @property
-    def sampling(self) -> tuple:
-        return (self.temperature, self.top_p)
-
-    @property
-    def streaming(self) -> bool:
-        return self.events is not None
-
-    def _post(self, fn, *args) -> None:
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:   # the loop is closed: nobody is waiting any more
-            pass
-
-    def resolve(self, value: Any) -> None:
-        def _set(fut: asyncio.Future, v: Any) -> None:
-            if not fut.done():
-                if isinstance(v, BaseException):
-                    fut.set_exception(v)
-                else:
-                    fut.set_result(v)
-        if self.future is not None:
-            self._post(_set, self.future, value)
-
-    def push(self, item: Any) -> None:
-        if self.events is not None:
-            self._post(self.events.put_nowait, item)
+__all__ = ["Batcher", "Job", "QueueFull", "ShuttingDown"]
 
 
 class Batcher:
@@ -159,7 +82,7 @@ class Batcher:
                 job = self._q.get_nowait()
             except queue.Empty:
                 break
-            self._fail(job, ShuttingDown("the server is shutting down"))
+            job.fail(ShuttingDown("the server is shutting down"))
 
     @property
     def alive(self) -> bool:
@@ -241,7 +164,7 @@ class Batcher:
                     item = await asyncio.wait_for(job.events.get(), left)
                 except asyncio.TimeoutError:
                     raise GenerationTimeout(f"the request did not finish within {timeout_s:g} s") from None
-                if item is _DONE:
+                if item is DONE:
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -250,12 +173,6 @@ class Batcher:
             job.cancelled = True
 
     # ------------------------------------------------------------------ worker side
-    def _fail(self, job: Job, err: BaseException) -> None:
-        if job.streaming:
-            job.push(err)
-        else:
-            job.resolve(err)
-
     def _collect(self) -> list[Job]:
         try:
             first = self._q.get(timeout=0.1)
@@ -290,13 +207,13 @@ class Batcher:
                         self.counters["dropped"] += 1
                     elif job.deadline <= now:
                         self.counters["dropped"] += 1
-                        self._fail(job, GenerationTimeout("the request timed out while queued"))
+                        job.fail(GenerationTimeout("the request timed out while queued"))
                     else:
                         live.append(job)
                 streams = [j for j in live if j.streaming]
                 rows = [j for j in live if not j.streaming]
                 groups: dict[tuple, list[Job]] = {}
-                per_row = _per_row_seeds(api.generate_batch) and _per_row_seeds(self.runtime.generate_ids)
+                per_row = per_row_seeds(self.runtime)
                 for j in rows:
                     key = (j.max_new_tokens, j.spec is None, j.sampling, j.thinking, j.max_thinking_tokens) + (
                         () if per_row else (j.seed,))
@@ -308,23 +225,11 @@ class Batcher:
             except BaseException as err:  # noqa: BLE001 - the worker must survive anything
                 self.counters["errors"] += 1
                 for job in batch:
-                    self._fail(job, _typed(err, job))
-
-    def _gen_kwargs(self, job: Job) -> dict[str, Any]:
-        """Sampling options the installed API accepts (feature-detected, so the server works with
-        an API that lacks them: they are then not applied)."""
-        kw: dict[str, Any] = {}
-        if job.temperature is not None and _accepts(api.generate_batch, "temperature"):
-            kw["temperature"] = job.temperature
-        if job.top_p is not None and _accepts(api.generate_batch, "top_p"):
-            kw["top_p"] = job.top_p
-        if job.thinking not in (False, None):
-            kw["thinking"] = job.thinking     # generate_batch takes it (the server checked)
-            if job.max_thinking_tokens is not None:
-                kw["max_thinking_tokens"] = job.max_thinking_tokens
-        return kw
+                    job.fail(typed_error(err, job))
 
     def _run_group(self, group: list[Job], *, isolated: bool = False) -> None:
+        """Run a group of non-streaming jobs as one batched loop and resolve each job. When the
+        loop fails as a whole, every row is rerun alone, so only the row that caused it fails."""
         for j in group:
             j.start()
         if not isolated:
@@ -332,22 +237,12 @@ class Batcher:
             self.counters["rows"] += len(group)
             self.counters["largest_batch"] = max(self.counters["largest_batch"], len(group))
         timeout = max(0.001, max(j.deadline for j in group) - time.monotonic())
-        first = group[0]
-        if _per_row_seeds(api.generate_batch) and _per_row_seeds(self.runtime.generate_ids):
-            seed: Any = [j.seed if j.seed is not None else secrets.randbits(62) for j in group]
-        else:
-            seed = first.seed if first.seed is not None else secrets.randbits(62)
+        seed = group_seed(self.runtime, group)
         try:
-            if first.spec is None:
-                results = self._free_text(group, seed)
+            if group[0].spec is None:
+                results = free_text_rows(self.runtime, group, seed)
             else:
-                # a row whose caller timed out or went away leaves the batch at the next step
-                results = api.generate_batch([j.prompt for j in group], [j.spec for j in group],
-                                             runtime=self.runtime, max_new_tokens=first.max_new_tokens,
-                                             seed=seed, max_repairs=self.max_repairs, timeout_s=timeout,
-                                             return_exceptions=True,
-                                             row_stop=[(lambda j=j: j.cancelled or time.monotonic() > j.deadline)
-                                                       for j in group], **self._gen_kwargs(first))
+                results = constrained_rows(self.runtime, group, seed, timeout, self.max_repairs)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # noqa: BLE001 - PanicException is a BaseException
@@ -358,89 +253,28 @@ class Batcher:
                     if not j.cancelled:
                         self._run_group([j], isolated=True)
                 return
-            results = [_typed(err, j) for j in group]
+            results = [typed_error(err, j) for j in group]
         for job, res in zip(group, results):
             if job.cancelled:
                 self.counters["cancelled_rows"] += 1
             else:
-                job.resolve(res if not isinstance(res, BaseException) else _typed(res, job))
-
-    def _free_text(self, group: list[Job], seed: Any) -> list[Any]:
-        """Unconstrained rows (``response_format`` ``text``), capped at ``max_new_tokens``."""
-        rt = self.runtime
-        out: list[Any] = [None] * len(group)
-        encoded = []
-        for i, j in enumerate(group):
-            try:
-                ids = rt.encode_prompt(j.prompt)
-                rt._batch([ids], j.max_new_tokens)
-                encoded.append((i, ids))
-            except DgemmaStructError as err:
-                out[i] = err
-        if encoded:
-            if isinstance(seed, list):
-                seed = [seed[i] for i, _ in encoded]
-            kw: dict[str, Any] = {}
-            first = group[0]
-            temp = first.temperature
-            if _accepts(rt.generate_ids, "top_p") and first.top_p is not None:
-                kw["top_p"] = first.top_p
-            if temp is not None:
-                if _accepts(rt.generate_ids, "temperature") and _accepts(api.generate_batch, "temperature"):
-                    kw["temperature"] = temp       # the runtime scales its own schedule
-                else:                              # scale the diffusion temperature schedule here
-                    f = max(temp, 0.01)
-                    kw["settings"] = dataclasses.replace(rt.settings, t_min=rt.settings.t_min * f,
-                                                         t_max=rt.settings.t_max * f)
-            res = rt.generate_ids([ids for _, ids in encoded], max_new_tokens=first.max_new_tokens, seed=seed, **kw)
-            for (i, _), r in zip(encoded, res):
-                if len(r.token_ids) > first.max_new_tokens:
-                    r.token_ids = r.token_ids[:first.max_new_tokens]
-                    r.text = rt.decode(r.token_ids)
-                    r.stats.finish_reason = "length"
-                r.value = r.text
-                out[i] = r
-        return out
+                job.resolve(res if not isinstance(res, BaseException) else typed_error(res, job))
 
     def _run_stream(self, job: Job) -> None:
         self.counters["streams"] += 1
         job.start()
         timeout = max(0.001, job.deadline - time.monotonic())
-        seed = job.seed if job.seed is not None else secrets.randbits(62)
         try:
-            kw = {k: v for k, v in (("temperature", job.temperature), ("top_p", job.top_p)) if v is not None}
-            if job.spec is None:
-                kw = {k: v for k, v in kw.items() if _accepts(self.runtime.stream, k)}
-                gen = self.runtime.stream(job.prompt, max_new_tokens=job.max_new_tokens, seed=seed, **kw)
-            else:
-                kw = {k: v for k, v in kw.items() if _accepts(api.stream, k)}
-                gen = api.stream(job.prompt, job.spec, runtime=self.runtime, max_new_tokens=job.max_new_tokens,
-                                 seed=seed, timeout_s=timeout, **kw)
+            events = stream_events(self.runtime, job, timeout)
             try:
-                for ev in gen:
+                for ev in events:
                     if job.cancelled:
                         return
-                    if ev.done and job.spec is None:
-                        ev.value = ev.text
                     job.push(ev)
             finally:
-                gen.close()
-            job.push(_DONE)
+                events.close()
+            job.push(DONE)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # noqa: BLE001 - delivered to the request
-            job.push(_typed(err, job))
-
-
-def _typed(err: BaseException, job: Job) -> BaseException:
-    """``err`` as the request should see it: typed errors as they are; anything else raised while
-    running a constrained row (native engine faults, ``PanicException``) as a
-    :class:`ConstraintEngineError`; other failures as they are (the server maps them to 500)."""
-    if isinstance(err, DgemmaStructError):
-        return err
-    if job.spec is not None:
-        e = ConstraintEngineError(f"the constraint engine failed on this request: {type(err).__name__}: "
-                                  f"{str(err)[:500]}")
-        e.__cause__ = err if isinstance(err, Exception) else None
-        return e
-    return err if isinstance(err, Exception) else RuntimeError(repr(err))
+            job.push(typed_error(err, job))

@@ -36,12 +36,11 @@ from collections import OrderedDict
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from dgemma_struct import errors as E
+import dgemma_struct.errors as E
+
+from .compile_worker import prepare, probe
 
 __all__ = ["CompilePool", "CompileCrashed", "PoolUnavailable", "spec_key"]
-
-_MAX_MESSAGE = 2000
-
 
 class CompileCrashed(E.ConstraintEngineError):
     """The compile worker died (a native crash) while compiling this constraint."""
@@ -59,73 +58,6 @@ class _CallTimeout(Exception):   # not TimeoutError: that one is an OSError
     pass
 
 
-# ---------------------------------------------------------------------------------------- worker side
-_TOKENIZERS: dict[str, Any] = {}
-
-
-def _limit_memory(memory_mb: int | None) -> None:
-    if not memory_mb:
-        return
-    try:
-        import resource
-
-        with open("/proc/self/statm") as f:
-            vm_pages = int(f.read().split()[0])
-        import os
-
-        current = vm_pages * os.sysconf("SC_PAGE_SIZE")
-        limit = current + memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    except (OSError, ValueError, ImportError):  # not Linux: no cap
-        pass
-
-
-def _worker_entry(fd: int, memory_mb: int | None) -> None:
-    """The worker process's main loop (started by :class:`_Worker`)."""
-    _worker_main(Connection(fd), memory_mb)
-
-
-def _worker_main(conn: Any, memory_mb: int | None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent's Ctrl-C is the parent's business
-    import dgemma_struct.constraints  # noqa: F401 - import before the memory cap is set
-
-    _limit_memory(memory_mb)
-    conn.send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        fn, args, kwargs, tok = msg
-        if tok is not None and tok[0] not in _TOKENIZERS:
-            _TOKENIZERS[tok[0]] = pickle.loads(tok[1])
-        try:
-            conn.send(("ok", fn(*args, **kwargs)))
-        except BaseException as err:  # noqa: BLE001 - PanicException is a BaseException
-            conn.send(("err", type(err).__module__, type(err).__name__, str(err)[:_MAX_MESSAGE]))
-
-
-def _prepare(tok_key: str, stop_token_ids: list[int], vocab_size: int | None) -> bool:
-    """Build the llguidance tokenizer of ``tok_key`` once per worker (not timed as a compile)."""
-    from dgemma_struct.constraints import get_tokenizer_info
-
-    get_tokenizer_info(_TOKENIZERS[tok_key], stop_token_ids, vocab_size)
-    return True
-
-
-def _probe(spec: Any, tok_key: str, stop_token_ids: list[int], vocab_size: int | None, strict: bool,
-           whitespace: str) -> int:
-    """Compile ``spec`` and compute its first masks; returns the number of forced tokens."""
-    from dgemma_struct.constraints import compile_constraint
-
-    c = compile_constraint(spec, _TOKENIZERS[tok_key], strict=strict, whitespace=whitespace,
-                           stop_token_ids=stop_token_ids, vocab_size=vocab_size, use_cache=False)
-    walker = c.canvas_walker()
-    forced = walker.forced_tokens(256)
-    walker.mask()
-    return len(forced)
-
-
 # ---------------------------------------------------------------------------------------- parent side
 class _Worker:
     """One worker: a fresh interpreter (``python -c``, so the parent's ``__main__`` is never
@@ -133,8 +65,8 @@ class _Worker:
 
     def __init__(self, memory_mb: int | None, start_timeout_s: float):
         parent, child = socket.socketpair()
-        code = (f"from dgemma_struct.server.compile_pool import _worker_entry; "
-                f"_worker_entry({child.fileno()}, {memory_mb!r})")
+        code = (f"from dgemma_struct.server.compile_worker import worker_entry; "
+                f"worker_entry({child.fileno()}, {memory_mb!r})")
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child.fileno(),),
                                          stdin=subprocess.DEVNULL, close_fds=True)
@@ -365,9 +297,9 @@ class CompilePool:
         self.counters["compiles"] += 1
         tok_key = self._tok_payload(tokenizer)[0]
         try:
-            self.run(_probe, spec, tok_key, list(stop_token_ids), vocab_size, strict, whitespace,
+            self.run(probe, spec, tok_key, list(stop_token_ids), vocab_size, strict, whitespace,
                      timeout_s=timeout_s, tokenizer=tokenizer,
-                     setup=(_prepare, (tok_key, list(stop_token_ids), vocab_size)))
+                     setup=(prepare, (tok_key, list(stop_token_ids), vocab_size)))
         except CompileCrashed as err:
             with self._lock:
                 self._crashed[key] = str(err)

@@ -1,17 +1,29 @@
-"""OpenAI-style error bodies, and the mapping of dgemma-struct's typed errors to HTTP statuses.
+"""The server's errors: OpenAI-style error bodies, and ONE table mapping dgemma-struct's typed errors
+(and the server's own: a full queue, shutting down, a bad tool request) to HTTP statuses.
 
 Every error the server sends has the shape OpenAI's API uses::
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": "response_format", "code": "invalid_schema"}}
+
+>>> import dgemma_struct.errors as E
+>>> e = api_error_for(E.RegexError("bad regex"), param="guided_regex")
+>>> (e.status, e.code, e.param)
+(400, 'invalid_regex', 'guided_regex')
+>>> api_error_for(QueueFull("full")).status
+429
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from dgemma_struct import errors as E
+import dgemma_struct.errors as E
+from dgemma_struct.tools import ToolCallError
 
 from .compile_pool import CompileCrashed, PoolUnavailable
+
+__all__ = ["APIError", "QueueFull", "ShuttingDown", "ToolRequestError", "api_error_for", "error_body",
+           "bounded", "default_code", "safe_json_bytes", "MAX_MESSAGE_CHARS", "ERROR_TABLE_MD"]
 
 MAX_MESSAGE_CHARS = 1000
 
@@ -19,6 +31,23 @@ _DEFAULT_CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "forbidde
                   405: "method_not_allowed", 408: "request_timeout", 413: "request_too_large",
                   415: "unsupported_media_type", 422: "generation_failed", 429: "rate_limited",
                   500: "internal_error", 503: "unavailable", 504: "timeout"}
+
+
+class QueueFull(Exception):
+    """The request queue is full (the server answers 429)."""
+
+
+class ShuttingDown(Exception):
+    """The batcher is stopped (the server answers 503)."""
+
+
+class ToolRequestError(ToolCallError):
+    """A bad tool-calling request: an HTTP 400 with OpenAI's ``param`` and a precise ``code``."""
+
+    def __init__(self, message: str, *, param: str, code: str):
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 def default_code(status: int) -> str:
@@ -65,7 +94,9 @@ def error_body(status: int, message: str, *, type: str = "invalid_request_error"
 
 
 # (class, status, type, code); the first matching class wins, so subclasses come first.
+# A ToolRequestError carries its own param and code.
 _TABLE: list[tuple[type, int, str, str]] = [
+    (ToolRequestError, 400, "invalid_request_error", "(its own code)"),
     (E.ConstraintCompileTimeout, 400, "invalid_request_error", "constraint_too_complex"),
     (E.UnsupportedKeywordError, 400, "invalid_request_error", "unsupported_schema_keyword"),
     (E.SchemaError, 400, "invalid_request_error", "invalid_schema"),
@@ -80,29 +111,40 @@ _TABLE: list[tuple[type, int, str, str]] = [
     (E.InvalidRequestError, 400, "invalid_request_error", "invalid_request"),
     (E.LengthError, 422, "generation_error", "length_exceeded"),
     (E.GenerationFailed, 422, "generation_error", "generation_failed"),
+    (QueueFull, 429, "rate_limit_error", "queue_full"),
     (E.GenerationTimeout, 504, "timeout_error", "timeout"),
     (E.ModelLoadError, 503, "server_error", "model_unavailable"),
+    (ShuttingDown, 503, "server_error", "unavailable"),
     (PoolUnavailable, 503, "server_error", "unavailable"),
 ]
 
+_EMPTY_MESSAGES = {E.GenerationTimeout: "the request timed out"}
+
+
+def _param_for(err: BaseException, param: str | None) -> str | None:
+    """Which request field an error names: the constraint's for constraint errors, ``max_tokens``
+    for budget errors, none otherwise."""
+    if isinstance(err, (E.ConstraintError, E.ConstraintEngineError)):
+        return param
+    if isinstance(err, (E.LengthError, E.PromptTooLongError)):
+        return "max_tokens"
+    return None
+
 
 def api_error_for(err: BaseException, *, param: str | None = None) -> APIError:
-    """The HTTP error for an SDK exception (``DgemmaStructError`` subclasses map to 4xx, timeouts
-    to 504; anything unexpected is a 500 ``server_error``)."""
+    """The HTTP error for an exception, by the table above (``DgemmaStructError`` subclasses map
+    to 4xx, timeouts to 504; anything unexpected is a 500 ``server_error``). ``param``: the body
+    field of the request's constraint."""
     if isinstance(err, APIError):
         return err
-    from .tool_calls import ToolRequestError
-
     if isinstance(err, ToolRequestError):
         return APIError(400, str(err), param=err.param, code=err.code)
     for cls, status, typ, code in _TABLE:
         if isinstance(err, cls):
-            p = param if isinstance(err, (E.ConstraintError, E.ConstraintEngineError)) else (
-                "max_tokens" if isinstance(err, (E.LengthError, E.PromptTooLongError)) else None)
-            message = str(err) or cls.__name__
+            message = str(err) or _EMPTY_MESSAGES.get(cls, cls.__name__)
             if isinstance(err, (E.LengthError, E.PromptTooLongError)):   # the server's name for the budget
                 message = message.replace("max_new_tokens", "max_tokens")
-            return APIError(status, message, type=typ, param=p, code=code)
+            return APIError(status, message, type=typ, param=_param_for(err, param), code=code)
     if isinstance(err, E.DgemmaStructError):
         return APIError(400, str(err), code="invalid_request")
     return APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error", code="internal_error")

@@ -1,0 +1,362 @@
+"""Finishing a row: budget-aware closing plans and the masked greedy fill.
+
+When a row's token budget runs low the guide steers it along a *closing plan*: close the open
+string, arrays and objects (or finish a regex / grammar) so the output ends valid instead of running
+out. :func:`closing_plan` finds one from a :class:`~.walker.CanvasWalker`'s frozen state; the
+candidates it tries come from :func:`closing_candidates` (closer tokens and one single-byte token per
+byte, scanned once per tokenizer) and :func:`closer_ids` (those plus a constraint's own closers).
+The JSON heuristics (string state, format-aware validation of a completion) live here, not in the
+walker. :func:`greedy_fill` ends a canvas that stopped with open positions (masked argmax).
+
+The walker is used through its public state only: ``constraint``, ``frozen_tokens``,
+``eos_committed``, ``stop_token_ids``, ``vocab_size``, ``frozen_matcher()``, ``mask_of()`` and
+``allows_stop()``.
+
+>>> _json_string_state(b'{"a":"x', False, False)
+(True, False)
+>>> _segment_punct(b'"a.b-c')
+b'-.'
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from dgemma_struct.errors import ConstraintEngineError
+
+from .bitmask_np import allowed_among, bitmask_to_bool
+from .safety import clip, engine_guard
+
+__all__ = ["closing_plan", "closing_candidates", "closer_ids", "greedy_fill", "CLOSING_BEAM", "CLOSING_EXAMINE",
+           "CLOSING_EXTRA_LEVELS"]
+
+CLOSING_BEAM = 32  # distinct states kept per search level
+CLOSING_EXAMINE = 128  # children examined per search level
+CLOSING_EXTRA_LEVELS = 3  # levels searched past the first completion (for a valid one)
+
+
+def _json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool]:
+    """Whether a JSON text that starts in state (in_str, esc) ends inside a string literal."""
+    for ch in text:
+        if esc:
+            esc = False
+        elif in_str and ch == 0x5C:  # backslash
+            esc = True
+        elif ch == 0x22:  # quote
+            in_str = not in_str
+    return in_str, esc
+
+
+def _has_format(schema: Any) -> bool:
+    stack = [schema]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if isinstance(x.get("format"), str):
+                return True
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
+_REP_ORDER = b"10aA"
+
+
+def _segment_punct(pb: bytes) -> bytes:
+    """The distinct punctuation bytes written since the plan's last quote (the current string or
+    lexeme): what tells apart regex states whose masks are equal."""
+    seg = pb[pb.rfind(b'"') + 1:]
+    return bytes(sorted({ch for ch in seg if not chr(ch).isalnum()}))
+
+
+def _byte_representatives(byte_ids: np.ndarray, byte_values: bytes, grammar: str = "") -> np.ndarray:
+    """Single-byte candidate tokens for the closing search: ``1``, ``0``, ``a``, ``A`` for the digit /
+    letter classes (``1`` first: ``1111-11-11`` is a real date, ``0000-00-00`` is not), then every
+    printable punctuation byte -- those the grammar text mentions (a pattern's ``@`` and ``.``) first."""
+    by = {b: int(t) for t, b in zip(np.asarray(byte_ids).tolist(), byte_values)}
+    punct = [b for b in sorted(by) if 0x20 <= b < 0x7F and not chr(b).isalnum()]
+    mentioned = set(grammar.encode("utf-8", "replace")) - set(b'{}[]":,\\')
+    # one alphanumeric first, the rest after the mentioned punctuation: states that differ only in
+    # alphanumerics are merged, so they would spend the level's budget for nothing
+    order = _REP_ORDER[:1] + bytes(b for b in punct if b in mentioned) + _REP_ORDER[1:] + \
+        bytes(b for b in punct if b not in mentioned)
+    out = [by[b] for b in order if b in by]
+    out += [by[b] for b in (0x0A, 0x09) if b in by]
+    return np.asarray(out, dtype=np.int64)
+
+
+_CANDIDATES: dict[tuple, tuple] = {}
+
+
+def closing_candidates(info: Any, max_len: int | None = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:
+    """The closing candidates of a tokenizer (``info``: a TokenizerInfo), scanned once per tokenizer:
+    tokens that start with ``"`` and hold only ``"``/``]``/``}``, tokens of only ``]``/``}`` (both
+    longest first, at most ``max_len`` bytes; None: any length), and the single-byte tokens with their
+    bytes."""
+    ck = (info.key, max_len)
+    hit = _CANDIDATES.get(ck)
+    if hit is not None:
+        return hit
+    lt = info.lltok
+    quote, bracket, single = {}, {}, {}
+    specials = info.special_token_ids
+    for t in range(info.vocab_size):
+        if t in specials:
+            continue
+        bs = lt.decode_bytes([t])
+        if len(bs) == 1:
+            single.setdefault(bs[0], t)
+        if bs and (max_len is None or len(bs) <= max_len) and all(ch in b'"]}' for ch in bs):
+            (quote if bs[:1] == b'"' else bracket if b'"' not in bs else {})[t] = len(bs)
+    order = sorted(single)
+    hit = (*(np.asarray(sorted(d, key=lambda t: -d[t]), dtype=np.int64) for d in (quote, bracket)),
+           np.asarray([single[b] for b in order], dtype=np.int64), bytes(order))
+    if len(_CANDIDATES) >= 16:
+        _CANDIDATES.pop(next(iter(_CANDIDATES)))
+    _CANDIDATES[ck] = hit
+    return hit
+
+
+def closer_ids(walker: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:
+    """The guide's closing candidates for ``walker``: :func:`closing_candidates` of any length, with
+    the constraint's own ``closing_token_ids`` (control tokens that end its strings / blocks) first
+    among the bracket closers."""
+    hit = closing_candidates(walker.constraint.tokenizer_info, max_len=None)
+    extra = tuple(getattr(walker.constraint, "closing_token_ids", ()))
+    if extra:
+        quote, bracket, byte_ids, byte_values = hit
+        hit = (quote, np.concatenate([np.asarray(extra, dtype=np.int64), bracket]), byte_ids, byte_values)
+    return hit
+
+
+def closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                 byte_ids: np.ndarray | None = None, byte_values: bytes = b"") -> list[int] | None:
+    """A short continuation from ``walker``'s frozen state after which a stop token may end the output
+    (the stop token itself not included), or None when no completion of at most ``max_n`` tokens was
+    found.
+
+    First the cheap greedy walk (:func:`_greedy_closing`); its plan is kept when the completed text
+    passes semantic validation (formats, ``multipleOf`` ...). Otherwise a breadth-first
+    *shortest-completion search* over matcher states (:func:`_search_closing`): the frontier is
+    expanded level by level with the allowed tokens among the closing candidates (closers, and one
+    representative per class of single-byte tokens: every punctuation byte, ``1``/``0``, ``a``,
+    ``A``), bounded to :data:`CLOSING_BEAM` states per level; the first levels' completions are
+    checked by validation and the shortest valid one wins (else the shortest). It finds a plan
+    whenever a completion within ``max_n`` tokens exists in the candidates' reach -- e.g. an email
+    pattern's ``@`` and ``.`` that a greedy walk uses up, or ``1111-11-11`` for a date. Candidate
+    arrays: as :func:`closing_candidates` returns them (``quote_ids`` / ``bracket_ids`` in order of
+    preference, ``byte_ids[i]`` spells ``byte_values[i]``)."""
+    if walker.eos_committed:
+        return []
+    if byte_ids is None or not len(byte_values):
+        quote_ids, bracket_ids, byte_ids, byte_values = closing_candidates(walker.constraint.tokenizer_info)
+    with engine_guard("planning a closing"):
+        greedy = _greedy_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+        if greedy is not None and _completion_valid(walker, greedy):
+            return greedy
+        found = _search_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+    if not found:
+        return greedy
+    for plan in found:
+        if _completion_valid(walker, plan):
+            return plan
+    return greedy if greedy is not None and len(greedy) <= len(found[0]) else found[0]
+
+
+def _completion_valid(walker: Any, plan: list[int]) -> bool:
+    """Whether the frozen text plus ``plan`` passes the JSON-Schema validation (formats, keywords the
+    grammar leaves out). User validators (pydantic) are not run here: they may have effects."""
+    c = walker.constraint
+    if c.kind != "json" or (not c.semantic_keywords and not _has_format(c.schema)):
+        return True
+    stops = set(walker.stop_token_ids)
+    text = c.tokenizer_info.lltok.decode_str([t for t in walker.frozen_tokens + plan if t not in stops])
+    try:
+        value = json.loads(text)
+        return not c.validator.schema_issues(value)
+    except Exception:  # noqa: BLE001 - not parseable / validator failure: not known valid
+        return False
+
+
+def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                    byte_ids: np.ndarray, byte_values: bytes) -> list[list[int]]:
+    """Completions (plans) found by a bounded breadth-first search, shortest first.
+
+    States of one level whose masks are identical are taken as one automaton state (inside a regex
+    lexeme every ``\\S`` byte leads to the same state), so a level holds at most :data:`CLOSING_BEAM`
+    distinct states and examines at most :data:`CLOSING_EXAMINE` children; children of different
+    states are interleaved so that no state fills the level."""
+    c = walker.constraint
+    tok = c.tokenizer_info.lltok
+    reps = _byte_representatives(byte_ids, byte_values, c.grammar)
+    quote_ids = np.asarray(quote_ids, dtype=np.int64)
+    closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
+    is_json = c.kind == "json"
+    in_str0 = _json_string_state(tok.decode_bytes(walker.frozen_tokens), False, False) if is_json else (False, False)
+    # a node: (matcher or None, parent matcher, plan, plan bytes); children are materialised lazily
+    level: list[tuple] = [(walker.frozen_matcher(), None, [], b"")]
+    found: list[list[int]] = []
+    stop_depth = None
+    for depth in range(max_n + 1):
+        groups: list[list[tuple]] = []
+        seen_masks: set[bytes] = set()
+        seen_bytes: set[bytes] = set()
+        examined = 0
+        for m, parent, plan, pb in level:
+            if examined >= CLOSING_EXAMINE or len(seen_masks) >= CLOSING_BEAM:
+                break
+            if pb in seen_bytes:
+                continue
+            seen_bytes.add(pb)
+            examined += 1
+            if m is None:
+                m = parent.deep_copy()
+                if not m.consume_token(plan[-1]):
+                    continue
+            row = walker.mask_of(m)
+            if walker.allows_stop(row):
+                found.append(plan)
+                stop_depth = depth if stop_depth is None else stop_depth
+                if len(found) >= 8:
+                    return found
+                continue
+            in_str = _json_string_state(pb, *in_str0) if is_json else (False, False)
+            # equal masks are not equal states (every \\S byte is allowed before and after the '@'
+            # of an email pattern): the key adds the punctuation used and the string state
+            key = (row.tobytes(), _segment_punct(pb), in_str)
+            if key in seen_masks:
+                continue
+            seen_masks.add(key)
+            if len(plan) >= max_n or m.is_stopped():
+                continue
+            ff = list(m.compute_ff_tokens())[: max_n - len(plan)]
+            if ff:
+                if m.consume_tokens(ff):
+                    groups.append([(m, None, plan + ff, pb + tok.decode_bytes(ff))])
+                continue
+            ids = quote_ids if in_str[0] else closers
+            cand = [int(ids[k]) for k in allowed_among(row, ids)[:3]]
+            ok = allowed_among(row, reps)
+            # bytes the plan has used least first: writing '-' forever never closes anything
+            cand += sorted((int(reps[k]) for k in ok), key=lambda t: pb.count(tok.decode_bytes([t])))
+            groups.append([(None, m, plan + [t], pb + tok.decode_bytes([t])) for t in dict.fromkeys(cand)])
+        if stop_depth is not None and depth >= stop_depth + CLOSING_EXTRA_LEVELS:
+            break
+        # interleaved: the first child of every state, then the second ..., so no state fills the level
+        level = [g[k] for k in range(max((len(g) for g in groups), default=0)) for g in groups if k < len(g)]
+        if not level:
+            break
+    return sorted(found, key=len)
+
+
+def _greedy_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                    byte_ids: np.ndarray | None = None, byte_values: bytes = b"") -> list[int] | None:
+    """A short continuation from the frozen state that lets a stop token end the output (the stop
+    token itself not included): a greedy walk, not a proof of minimality. Each step takes the forced
+    tokens, else an allowed closer (inside a JSON string the longest that starts with ``"``, outside
+    one made of ``]``/``}``, then the shortest that starts with ``"``), else a single-byte token
+    (``byte_ids[i]`` spells ``byte_values[i]``): punctuation not yet used in the plan first (it moves
+    a regex like ``[a-z.]+@[a-z]+`` on to its next part), then the lowest; else the lowest allowed id.
+    ``quote_ids`` / ``bracket_ids`` are in order of preference. None when longer than ``max_n`` or at
+    a dead end."""
+    if walker.eos_committed:
+        return []
+    tok = walker.constraint.tokenizer_info.lltok
+    in_str, esc = _json_string_state(tok.decode_bytes(walker.frozen_tokens), False, False)
+    m = walker.frozen_matcher()
+    plan: list[int] = []
+    while len(plan) <= max_n:
+        row = walker.mask_of(m)
+        if walker.allows_stop(row):
+            return plan
+        picks = [] if m.is_stopped() else list(m.compute_ff_tokens())
+        if not picks:
+            pick = None
+            # outside a string a quote token only opens one: take the shortest (a bare `"`), so
+            # `"]}` is never written as the content of a new string
+            for ids in ((quote_ids,) if in_str else (bracket_ids, quote_ids[::-1])):
+                if ids.size:
+                    ok = allowed_among(row, ids)
+                    if ok.size:
+                        pick = int(ids[ok[0]])
+                        break
+            if pick is None and byte_ids is not None and byte_ids.size:
+                ok = allowed_among(row, byte_ids)
+                if ok.size:
+                    fresh = [i for i in ok if not chr(byte_values[i]).isalnum() and byte_ids[i] not in plan]
+                    pick = int(byte_ids[fresh[0] if fresh else ok[0]])
+            if pick is None:
+                allowed = np.flatnonzero(bitmask_to_bool(row[None, :], walker.vocab_size)[0])
+                if not allowed.size:
+                    return None
+                pick = int(allowed[0])
+            picks = [pick]
+        if not m.consume_tokens(picks):  # pragma: no cover - the picks were allowed
+            raise ConstraintEngineError(f"the matcher refused closing tokens it allowed: {clip(m.get_error())}")
+        plan.extend(picks)
+        in_str, esc = _json_string_state(tok.decode_bytes(picks), in_str, esc)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# greedy fill: the masked argmax that ends a stopped canvas
+# ----------------------------------------------------------------------------------------------
+def greedy_fill(walker: Any, logits_rows: Any, max_n: int, *, topk: int = 64) -> list[int]:
+    """Masked greedy decode from ``walker``'s frozen state over ``logits_rows`` (``[n, V']`` torch
+    tensor or numpy array, row ``i`` = position ``frontier + i``): argmax of the allowed tokens
+    at each position, stopping after a stop token (included) or when nothing is allowed.
+    Returns the tokens (not committed); always a grammar-accepted prefix."""
+    with engine_guard("filling a canvas"):
+        return _greedy_fill(walker, logits_rows, max_n, topk)
+
+
+def _greedy_fill(walker: Any, logits_rows: Any, max_n: int, topk: int) -> list[int]:
+    if walker.eos_committed or max_n <= 0:
+        return []
+    n = min(int(max_n), int(logits_rows.shape[0]))
+    if n <= 0:
+        return []
+    V = walker.vocab_size
+    try:
+        import torch
+        is_torch = isinstance(logits_rows, torch.Tensor)
+    except ImportError:  # pragma: no cover
+        is_torch = False
+    L = logits_rows[:n, :V]
+    K = min(topk, L.shape[1])
+    if is_torch:
+        top = torch.topk(L.float(), K, dim=-1).indices.cpu().numpy()
+    else:
+        L = np.asarray(L, dtype=np.float32)
+        top = np.argsort(-L, axis=-1, kind="stable")[:, :K]
+    m = walker.frozen_matcher()
+    stops = frozenset(walker.stop_token_ids)
+    out: list[int] = []
+    for i in range(n):
+        row = walker.mask_of(m)
+        cand = top[i].astype(np.int64)
+        hit = allowed_among(row, cand)
+        if hit.size:
+            pick = int(cand[hit[0]])
+        else:
+            allowed = bitmask_to_bool(row[None, :], V)[0]
+            if not allowed.any():
+                break
+            if is_torch:
+                li = L[i].float().cpu().numpy()
+            else:
+                li = L[i]
+            idx = np.flatnonzero(allowed[: li.shape[0]])
+            if not idx.size:
+                break
+            pick = int(idx[np.argmax(li[idx])])  # an allowed id even when all its logits are -inf
+        out.append(pick)
+        if pick in stops:
+            break
+        if not m.consume_token(pick):  # pragma: no cover - pick was allowed
+            out.pop()
+            break
+    return out

@@ -1,0 +1,206 @@
+"""Compilers for the text kinds: regex, Lark / GBNF grammars (built-in ones by name) and choice lists.
+
+Each checks its spec, compiles it with llguidance once (the matcher becomes the constraint's
+template) and words the engine's refusals as the kind's typed error (:class:`RegexError`,
+:class:`GrammarError`, :class:`ChoiceError`, or :class:`ConstraintCompileTimeout` for a limit).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import llguidance as llg
+
+from dgemma_struct.errors import ChoiceError, ConstraintCompileTimeout, GrammarError, RegexError
+
+from .constraint import ChoiceValidator, Constraint, ConstraintKind
+from .safety import MAX_SPEC_BYTES, clip, engine_guard, is_limit_error, parser_limits
+from .specs import Choice, Grammar
+from .tokenizer import TokenizerInfo
+
+__all__ = ["builtin_grammars", "compile_regex", "compile_grammar", "compile_choice"]
+
+_GRAMMAR_DIR = Path(__file__).resolve().parents[3] / "grammars"
+
+
+def builtin_grammars() -> dict[str, Path]:
+    """Name -> path of the built-in ``.lark`` grammars shipped in :mod:`dgemma_struct.grammars`."""
+    dirs = []
+    try:
+        import dgemma_struct.grammars as gpkg  # type: ignore
+        dirs.extend(Path(p) for p in getattr(gpkg, "__path__", []))
+    except Exception:
+        pass
+    dirs.append(_GRAMMAR_DIR)
+    out: dict[str, Path] = {}
+    for d in dirs:
+        if d.is_dir():
+            for p in sorted(d.glob("*.lark")):
+                out.setdefault(p.stem, p)
+    return out
+
+
+def compile_regex(pattern: str, info: TokenizerInfo) -> Constraint:
+    if not isinstance(pattern, str):
+        raise RegexError(f"a regex must be a string, not {type(pattern).__name__}")
+    if len(pattern.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise RegexError(f"regex too long: more than {MAX_SPEC_BYTES} bytes")
+    if "\x00" in pattern:
+        raise RegexError("regex contains a NUL character")
+    with engine_guard("compiling a regex"):
+        g = llg.LLMatcher.grammar_from_regex(pattern)
+        m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
+        err = m.get_error() if m.is_error() else ""
+    if err:
+        if is_limit_error(err):
+            raise ConstraintCompileTimeout(f"regex exceeds the compile limits: {clip(err)}")
+        raise RegexError(f"invalid regex {clip(repr(pattern), 200)}: {clip(err.strip())}")
+    return Constraint(ConstraintKind.REGEX, g, info, description=f"regex={clip(repr(pattern), 200)}", template=m)
+
+
+def _lark_error(e: Exception) -> str:
+    line = getattr(e, "line", None)
+    col = getattr(e, "column", None)
+    loc = f" (line {line}, column {col})" if line not in (None, -1) else ""
+    return f"{type(e).__name__}{loc}: {clip(str(e).strip())}"
+
+
+_IMPORT = re.compile(r"(?m)^[ \t]*%import[ \t]+(\S*)")
+
+
+def _check_imports(text: str) -> None:
+    """``%import`` may name Lark's bundled ``common`` terminals only: anything else would make the Lark
+    parser read files from disk (relative paths, import paths) and echo their lines in errors."""
+    for m in _IMPORT.finditer(text):
+        mod = m.group(1)
+        if not mod.startswith("common."):
+            line = text.count("\n", 0, m.start()) + 1
+            raise GrammarError(f"%import of {clip(mod, 80)!r} at line {line} is not allowed: grammars may import "
+                               f"only Lark's common terminals (%import common.NAME); inline the rules instead")
+
+
+_GBNF_RULE = re.compile(r"(?m)^[ \t]*[A-Za-z_][\w-]*[ \t]*::=")
+
+
+_LARK_RULE = re.compile(r"(?m)^[ \t]*(%llguidance\b|[?!]?[A-Za-z_][\w.]*(\.\d+)?[ \t]*:(?!:=))")
+
+
+def _is_gbnf(text: str) -> bool:
+    """GBNF / EBNF (llama.cpp, vLLM's ``grammar``): rules written ``name ::= ...`` and no Lark rule."""
+    return bool(_GBNF_RULE.search(text)) and not _LARK_RULE.search(text)
+
+
+def _gbnf_to_lark(text: str) -> str:
+    """llguidance's own GBNF converter; its errors become :class:`GrammarError` with line/column."""
+    from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
+    try:
+        return gbnf_to_lark(text)
+    except GbnfToLarkError as e:
+        pos = getattr(getattr(e, "pos", None), "pos", None)
+        msg = str(e.args[0]) if e.args else str(e)
+        msg = msg.split(" at line ", 1)[0]
+        if isinstance(pos, int):
+            line = text.count("\n", 0, pos) + 1
+            col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+            near = text[pos: pos + 20]
+            raise GrammarError(f"invalid GBNF grammar (line {line}, column {col}): {clip(msg, 200)} "
+                               f"near {clip(repr(near), 60)}") from None
+        raise GrammarError(f"invalid GBNF grammar: {clip(msg)}") from None
+    except RecursionError:
+        raise GrammarError("invalid GBNF grammar: nested too deeply") from None
+    except Exception as e:  # noqa: BLE001 - the converter raises bare Exception for unknown rules / no root
+        raise GrammarError(f"invalid GBNF grammar: {clip(e)}") from None
+
+
+_LLG_DIALECT = re.compile(r'%json|%llguidance|%regex|%lark|<\[|<[A-Za-z_|]+>|max_tokens|""|\[lazy|stop\s*=')
+
+
+def compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
+    src = spec.source
+    text: str
+    if isinstance(src, Path) or (isinstance(src, str) and src.endswith((".lark", ".gbnf", ".ebnf"))
+                                 and "\n" not in src):
+        p = Path(src)
+        if not p.is_file():
+            raise GrammarError(f"grammar file not found: {clip(str(p), 200)}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise GrammarError(f"cannot read the grammar file {clip(str(p), 200)}: {clip(e, 200)}") from None
+    elif isinstance(src, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", src.strip()) and \
+            src.strip() in builtin_grammars():
+        text = builtin_grammars()[src.strip()].read_text()
+    elif isinstance(src, str):
+        text = src
+    else:
+        raise GrammarError(f"Grammar source must be text or a path, not {type(src).__name__}")
+    if not text.strip():
+        raise GrammarError("empty grammar")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise GrammarError(f"grammar too long: more than {MAX_SPEC_BYTES} bytes")
+    if "\x00" in text:
+        raise GrammarError("grammar contains a NUL character")
+    gbnf = _is_gbnf(text)
+    if gbnf:
+        text = _gbnf_to_lark(text)
+    else:
+        _check_imports(text)
+    start = spec.start or "start"
+    import lark
+    lark_err: Exception | None = None
+    try:
+        lark.Lark(text, start=start, parser="earley")
+    except Exception as e:  # lark.exceptions.GrammarError / UnexpectedInput / ...
+        lark_err = e
+    lltext = text
+    if start != "start" and not re.search(r"(?m)^\s*start\s*:", text):
+        lltext = f"start: {start}\n" + text
+    with engine_guard("compiling a grammar"):
+        g = llg.LLMatcher.grammar_from_lark(lltext)
+        m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
+        err = m.get_error() if m.is_error() else ""
+    if lark_err is not None and (err or not _LLG_DIALECT.search(text)):
+        # stock lark rejects it and it uses no llguidance-only syntax: report lark's line/column
+        raise GrammarError(f"invalid Lark grammar: {_lark_error(lark_err)}")
+    if err:
+        if is_limit_error(err):
+            raise ConstraintCompileTimeout(f"grammar exceeds the compile limits: {clip(err)}")
+        what = "GBNF grammar (converted to Lark)" if gbnf else "Lark grammar"
+        raise GrammarError(f"{what} not supported by the constrained decoder: {clip(err.strip())}")
+    # lark_err but llguidance accepted: llguidance dialect (e.g. %json, <[id]>, lazy "" terminals)
+    may_specials = "<" in text
+    return Constraint(ConstraintKind.GRAMMAR, g, info, may_allow_specials=may_specials,
+                      description="gbnf grammar" if gbnf else "lark grammar", template=m)
+
+
+def compile_choice(spec: Choice, info: TokenizerInfo) -> Constraint:
+    ch = spec.choices
+    if not isinstance(ch, (list, tuple)):
+        raise ChoiceError(f"choices must be a list of strings, not {type(ch).__name__}")
+    if not ch:
+        raise ChoiceError("choice list is empty")
+    for c in ch:
+        if not isinstance(c, str):
+            raise ChoiceError(f"choices must be strings; got {c!r} ({type(c).__name__})")
+        if not c:
+            raise ChoiceError("choices must be non-empty strings")
+    if sum(len(c.encode("utf-8", "surrogatepass")) for c in ch) > MAX_SPEC_BYTES:
+        raise ChoiceError(f"choices too long: more than {MAX_SPEC_BYTES} bytes in all")
+    for c in ch:
+        try:
+            c.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ChoiceError(f"choice {clip(repr(c), 80)} is not valid Unicode (lone surrogate)") from None
+    uniq = list(dict.fromkeys(ch))
+    lark_text = "start: " + " | ".join(json.dumps(c) for c in uniq)
+    with engine_guard("compiling the choices"):
+        g = llg.LLMatcher.grammar_from_lark(lark_text)
+        m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
+        err = m.get_error() if m.is_error() else ""
+    if err:
+        if is_limit_error(err):
+            raise ConstraintCompileTimeout(f"choices exceed the compile limits: {clip(err)}")
+        raise ChoiceError(f"cannot compile the choices: {clip(err.strip())}")
+    return Constraint(ConstraintKind.CHOICE, g, info, validator=ChoiceValidator(uniq),
+                      description=f"{len(uniq)} choices", template=m)

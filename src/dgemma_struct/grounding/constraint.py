@@ -1,0 +1,157 @@
+"""The compiled grounded constraint: the grammar built over the source, validation against the
+original schema plus "every grounded value occurs in the source", the offsets of every grounded
+value, and a cache of compiled constraints."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import llguidance as llg
+
+from dgemma_struct.constraints import (CanvasWalker, Constraint, ValidationIssue, ValidationOutcome,
+                                       get_tokenizer_info)
+from dgemma_struct.constraints.json_schema import make_validator, prepare_json_schema
+from dgemma_struct.constraints.safety import clip, engine_guard
+from dgemma_struct.errors import ConstraintCompileTimeout, DgemmaStructError, GroundingError, SchemaError
+from dgemma_struct.grounding.grammar import _GrammarBuilder, _limits
+from dgemma_struct.grounding.schema import _SchemaView
+from dgemma_struct.grounding.sources import GroundedSpan, _Doc, grounded_sources
+from dgemma_struct.grounding.spec import GRANULARITIES, GROUND_LEVELS, _schema_of, _strip_markers
+
+
+class GroundedConstraint(Constraint):
+    """A JSON constraint whose grounded fields are spans of ``sources``. Validates against the
+    original schema (and pydantic model) and checks every grounded value against the source."""
+
+    def __init__(self, grammar: str, info: Any, *, schema: Any, sources: tuple[str, ...], ground: str | None,
+                 granularity: str, semantic_keywords: Sequence[str] = (), pydantic_adapter: Any = None,
+                 lark: str = "", n_grounded: int = 0):
+        # compiled here with the grounded limits (large lexemes not precomputed, see _LIMITS_KW) and
+        # handed to the base class as its template
+        with engine_guard("compiling the grounded constraint"):
+            template = llg.LLMatcher(info.lltok, grammar, log_level=0, limits=_limits())
+            err = template.get_error() if template.is_error() else ""
+        if err:
+            raise _compile_error(err)
+        super().__init__("json", grammar, info, schema=schema, semantic_keywords=semantic_keywords,
+                         validator=make_validator(_strip_markers(schema)), pydantic_adapter=pydantic_adapter,
+                         description=f"grounded json ({n_grounded} grounded fields, {len(sources)} documents)",
+                         template=template)
+        self.sources = sources
+        self.ground = ground
+        self.granularity = granularity
+        self.lark = lark
+        self._docs = [_Doc(d) for d in sources]
+        self._view = _SchemaView(schema, sources, ground=ground, granularity=granularity)
+
+    def canvas_walker(self) -> "_GroundedWalker":
+        return _GroundedWalker(self)
+
+    def locate(self, value: Any) -> tuple[list[GroundedSpan], list[ValidationIssue]]:
+        """Spans of every grounded value in ``value`` (a JSON value), and issues for those not found."""
+        spans: list[GroundedSpan] = []
+        issues: list[ValidationIssue] = []
+        for path, v, leaf in self._view.leaves(value, self.schema, ()):
+            occ: list[tuple[int, int, int]] = []
+            for di, d in enumerate(self._docs):
+                found = d.find_string(v, leaf.granularity) if leaf.kind == "string" else d.find_number(v)
+                occ.extend((di, s, e) for s, e in found)
+            if not occ:
+                issues.append(ValidationIssue(path, f"{v!r} is not {'a span' if leaf.kind == 'string' else 'a number'}"
+                                                    " of the source"))
+                continue
+            di, s, e = occ[0]
+            spans.append(GroundedSpan(path, v, di, s, e, self.sources[di][s:e], tuple(occ)))
+        return spans, issues
+
+    def validate_text(self, text: str) -> ValidationOutcome:
+        out = super().validate_text(text)
+        if not out.ok:
+            return out
+        try:
+            raw = json.loads(text)
+        except ValueError:  # pragma: no cover - validated above
+            return out
+        _, issues = self.locate(raw)
+        if issues:
+            return ValidationOutcome(False, out.value, issues)
+        return out
+
+
+class _GroundedWalker(CanvasWalker):
+    """A canvas walker that does not force the token opening a string value (``":"``, ``":["``,
+    ``","`` in an array), as llguidance's own JSON grammar does not. Measured on the embedded model
+    in diffusion mode: with ``{"name":"`` forced the first value token goes wrong ("Hriya Brown"
+    for "Priya Brown", or a span of the instruction), with ``{"name`` forced it does not."""
+
+    def forced_tokens(self, max_n: int) -> list[int]:
+        out = super().forced_tokens(max_n)
+        stops = set(self.constraint.stop_token_ids)
+        while out and out[-1] not in stops:
+            text = self.constraint.tokenizer_info.lltok.decode_str(out)
+            if not re.search(r'(?:^|[:\[,])"$', text):
+                break
+            out.pop()
+        return out
+
+
+def _compile_error(err: str) -> DgemmaStructError:
+    low = err.lower()
+    if any(w in low for w in ("limit", "fuel", "too many", "too complex", "too large")):
+        return ConstraintCompileTimeout(f"the grounded grammar exceeds the compile limits (source too large?): "
+                                        f"{clip(err)}")
+    return SchemaError(f"cannot compile the grounded grammar: {clip(err)}")
+
+
+_cache: "OrderedDict[tuple, GroundedConstraint]" = OrderedDict()
+_cache_lock = threading.Lock()
+_CACHE_MAX = 64
+
+
+def compile_grounded(schema: Any, tokenizer: Any, *, source: str | Sequence[str], ground: str | None = None,
+                     granularity: str = "words", stop_token_ids: Sequence[int] | None = None,
+                     vocab_size: int | None = None, strict: bool = False,
+                     use_cache: bool = True) -> GroundedConstraint:
+    """Compile ``schema`` (pydantic model or JSON Schema) so that its grounded fields can only take
+    spans (strings) and number literals (numbers) of ``source`` (one text or a list of texts).
+
+    ``ground``: None (only fields marked ``x-grounded`` / ``Grounded()``), ``"strings"`` (also every
+    free string field), ``"numbers"`` or ``"all"``. ``granularity``: default for fields without an
+    explicit mode, ``"words"`` or ``"chars"``. Raises :class:`GroundingError` for an empty source,
+    an unsatisfiable grounded field or grounding on a non-string, non-number field."""
+    if ground not in GROUND_LEVELS:
+        raise GroundingError(f"ground must be one of {GROUND_LEVELS}, not {ground!r}")
+    if granularity not in GRANULARITIES:
+        raise GroundingError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
+    docs = grounded_sources(None, source)
+    info = get_tokenizer_info(tokenizer, stop_token_ids, vocab_size)
+    js, adapter = _schema_of(schema)
+    key = None
+    if use_cache:
+        h = hashlib.sha256("\x00".join(docs).encode("utf-8", "surrogatepass")).hexdigest()
+        skey = f"pydantic:{id(schema)}" if adapter is not None else json.dumps(js, sort_keys=True)
+        key = (skey, h, len(docs), ground, granularity, info.key, strict)
+        with _cache_lock:
+            c = _cache.get(key)
+            if c is not None:
+                _cache.move_to_end(key)
+                return c
+    # schema checks (metaschema, refs, bounds) and the keywords the grammar leaves to validation
+    plan = prepare_json_schema(_strip_markers(js), info.lltok, strict=strict, limits=_limits())
+    builder = _GrammarBuilder(js, docs, ground=ground, granularity=granularity, lltok=info.lltok)
+    lark = builder.build()
+    with engine_guard("building the grounded grammar"):
+        grammar = llg.LLMatcher.grammar_from_lark(lark)
+    c = GroundedConstraint(grammar, info, schema=js, sources=docs, ground=ground, granularity=granularity,
+                           semantic_keywords=plan.semantic_keywords, pydantic_adapter=adapter, lark=lark,
+                           n_grounded=builder.grounded_count)
+    if use_cache and key is not None:
+        with _cache_lock:
+            _cache[key] = c
+            while len(_cache) > _CACHE_MAX:
+                _cache.popitem(last=False)
+    return c

@@ -1,0 +1,197 @@
+"""The source documents: chunks (what a span is made of), edges a free span may have, the number
+literals written in a text, where a found value occurs (:class:`GroundedSpan`), and the prompt's
+text as the default source."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from dgemma_struct.errors import GroundingError, InvalidRequestError
+
+
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+def chunk_offsets(text: str, granularity: str = "words") -> list[tuple[int, int]]:
+    """``(start, end)`` character offsets of the chunks a span is made of: code points
+    (``"chars"``), or runs of letters/digits/underscore, runs of whitespace and single other
+    characters (``"words"``)."""
+    if granularity == "chars":
+        return [(i, i + 1) for i in range(len(text))]
+    out: list[tuple[int, int]] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        j = i + 1
+        if _is_word(ch):
+            while j < n and _is_word(text[j]):
+                j += 1
+        elif ch.isspace():
+            while j < n and text[j].isspace():
+                j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+def _bad_edge(ch: str) -> bool:
+    return ch.isspace() or ord(ch) < 0x20 or ch in "\u2028\u2029"
+
+
+_LEFT_PUNCT, _RIGHT_PUNCT = ",;:.!?)]}", ",;:([{"
+
+
+def edge_ok(span: str) -> bool:
+    """May a free grounded string be ``span``? Non-empty, no whitespace or control character at
+    either end, not starting with closing punctuation or ending with a separator (``"Klein,"``),
+    at least one letter or digit (not a bare ``-``)."""
+    return bool(span) and not _bad_edge(span[0]) and not _bad_edge(span[-1]) and \
+        span[0] not in _LEFT_PUNCT and span[-1] not in _RIGHT_PUNCT and any(c.isalnum() for c in span)
+
+
+# a number is not part of a word, a decimal, or a hyphenated code (ORD-12345, 555-867-5309, 2024-05-01)
+_NUM = re.compile(r"(?<![\w.])(?<!\w-)-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?![\w])(?!-\w)")
+_JSON_NUM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
+@dataclass(frozen=True)
+class _NumberLit:
+    literal: str      # as a JSON number
+    value: Any        # int or float
+    is_int: bool
+
+
+def source_numbers(text: str) -> list[tuple[_NumberLit, int, int]]:
+    """Number literals written in ``text`` with their character offsets (``1,250`` is 1250; the
+    digits of hyphenated codes, phone numbers and ISO dates are not numbers)."""
+    out = []
+    for m in _NUM.finditer(text):
+        raw = m.group(0).replace(",", "")
+        is_int = re.fullmatch(r"-?\d+", raw) is not None
+        if is_int:
+            value: Any = int(raw)
+            lit = str(value)
+        else:
+            value = float(raw)
+            if value != value or value in (float("inf"), float("-inf")):
+                continue
+            lit = raw if _JSON_NUM.fullmatch(raw) else repr(value)
+        out.append((_NumberLit(lit, value, is_int), m.start(), m.end()))
+    return out
+
+
+def _prompt_text(prompt: Any) -> list[str]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, (list, tuple)):
+        docs = []
+        for msg in prompt:
+            if isinstance(msg, dict) and msg.get("role", "user") == "user":
+                c = msg.get("content")
+                if isinstance(c, str):
+                    docs.append(c)
+                elif isinstance(c, list):  # OpenAI content parts
+                    docs.extend(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+        return docs
+    raise InvalidRequestError(f"a prompt must be text or a list of chat messages, not {type(prompt).__name__}")
+
+
+def grounded_sources(prompt: Any = None, source: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """The documents grounded values come from: ``source`` (one text or a list of texts), else the
+    prompt's text (the user messages of a chat prompt). Raises :class:`GroundingError` when there
+    is no non-blank text to ground on."""
+    if source is None:
+        docs = _prompt_text(prompt) if prompt is not None else []
+    elif isinstance(source, str):
+        docs = [source]
+    elif isinstance(source, (list, tuple)):
+        docs = list(source)
+        for d in docs:
+            if not isinstance(d, str):
+                raise GroundingError(f"source documents must be strings, not {type(d).__name__}")
+    else:
+        raise GroundingError(f"source must be a string or a list of strings, not {type(source).__name__}")
+    if not docs or not any(d.strip() for d in docs):
+        raise GroundingError("the grounding source is empty: nothing to extract values from")
+    return tuple(docs)
+
+
+class _Doc:
+    """One source document with its chunk boundaries (for aligning found values)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self._bounds: dict[str, tuple[set, set]] = {}
+        self.numbers = source_numbers(text)
+
+    def bounds(self, granularity: str) -> tuple[set, set]:
+        b = self._bounds.get(granularity)
+        if b is None:
+            ch = chunk_offsets(self.text, granularity)
+            b = self._bounds[granularity] = ({s for s, _ in ch}, {e for _, e in ch})
+        return b
+
+    def find_string(self, value: str, granularity: str) -> list[tuple[int, int]]:
+        if not value:
+            return []
+        starts, ends = self.bounds(granularity)
+        out, i = [], self.text.find(value)
+        while i >= 0:
+            if i in starts and i + len(value) in ends:
+                out.append((i, i + len(value)))
+            i = self.text.find(value, i + 1)
+        return out
+
+    def find_number(self, value: Any) -> list[tuple[int, int]]:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return []
+        return [(s, e) for lit, s, e in self.numbers if lit.value == value]
+
+
+def prompt_with_sources(prompt: Any, docs: Sequence[str]) -> Any:
+    """The prompt, with every source document it does not already contain appended (the model
+    must see what it copies from)."""
+    present = "\n".join(_prompt_text(prompt))
+    extra = [d for d in docs if d not in present]
+    if not extra:
+        return prompt
+    add = "\n\n".join(extra)
+    if isinstance(prompt, str):
+        return prompt + "\n" + add
+    msgs = [dict(m) for m in prompt]
+    for m in reversed(msgs):
+        if m.get("role", "user") == "user" and isinstance(m.get("content"), str):
+            m["content"] = m["content"] + "\n" + add
+            return msgs
+    return msgs + [{"role": "user", "content": add}]
+
+
+@dataclass(frozen=True)
+class GroundedSpan:
+    """Where one grounded value came from. ``path``: its JSON path (keys and indices);
+    ``doc``/``start``/``end``: the first occurrence (character offsets, end exclusive) in
+    ``sources[doc]``; ``occurrences``: every ``(doc, start, end)`` it matches."""
+
+    path: tuple
+    value: Any
+    doc: int
+    start: int
+    end: int
+    text: str
+    occurrences: tuple = ()
+
+    @property
+    def pointer(self) -> str:
+        """The JSON Pointer (RFC 6901) of the value."""
+        return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in self.path)
+
+    @property
+    def label(self) -> str:
+        return ".".join(str(p) for p in self.path) or "value"
+
+    def to_dict(self) -> dict:
+        return {"path": list(self.path), "pointer": self.pointer, "value": self.value, "doc": self.doc,
+                "start": self.start, "end": self.end, "text": self.text,
+                "occurrences": [list(o) for o in self.occurrences]}

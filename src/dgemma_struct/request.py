@@ -1,0 +1,83 @@
+"""Turning a call into a :class:`~dgemma_struct.repair.RepairSession`: the runtime, the compiled
+constraint (with a thought block when asked), the minimum-length and context checks, the seed
+and the deadline. Every error here is raised before any generation.
+
+Example::
+
+    >>> from dgemma_struct.testing import tiny_runtime   # doctest: +SKIP
+    >>> session = prepare("Say hi", Regex("hi|hello"), tiny_runtime(), GenerateOptions())  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from dgemma_struct.constraints import Constraint, compile_constraint
+from dgemma_struct.constraints.thinking import with_thinking
+from dgemma_struct.errors import InvalidRequestError, LengthError
+from dgemma_struct.options import GenerateOptions, check_format, deadline_after
+from dgemma_struct.prompts import ChatPrompt, Prompt, fresh_seed
+from dgemma_struct.repair import RepairSession, min_length_tokens
+from dgemma_struct.results import GenerationStats
+from dgemma_struct.runtime import DiffusionRuntime
+
+
+def resolve_runtime(runtime: DiffusionRuntime | None) -> DiffusionRuntime:
+    """``runtime``, or the default runtime for ``None``."""
+    if runtime is None:
+        return DiffusionRuntime.default()
+    if not isinstance(runtime, DiffusionRuntime):
+        raise InvalidRequestError(f"runtime must be a DiffusionRuntime or None, got {type(runtime).__name__}")
+    return runtime
+
+
+def constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False,
+                   whitespace: str = "compact", separators: tuple[str, str] | None = None) -> Constraint:
+    """Compile ``spec`` for ``runtime``'s tokenizer. EOS is every id of the runtime's stop set
+    (the generation config's ``eos_token_id``, e.g. ``[1, 106, 50]`` on the real checkpoint):
+    whichever of them the model writes after a complete value ends it, and none is ever part of
+    the text. A compiled ``Constraint`` is used as it is."""
+    if isinstance(spec, Constraint):
+        return spec
+    check_format(whitespace, separators)
+    if not isinstance(strict, bool):
+        raise InvalidRequestError(f"strict must be a bool, got {strict!r}")
+    return compile_constraint(spec, tokenizer=runtime.tokenizer, strict=strict, whitespace=whitespace,
+                              stop_token_ids=runtime.eos_token_ids, separators=separators,
+                              vocab_size=runtime.model.config.text_config.vocab_size)
+
+
+def apply_thinking(constraint: Constraint, prompt: Prompt, rt: DiffusionRuntime, thinking: Any,
+                   max_thinking_tokens: int) -> tuple[Constraint, Prompt]:
+    """``thinking=True``: the chat template's thinking switch on and a thought block required before
+    the answer; ``"optional"``: switched on, the block allowed; ``False``: no thought block can start
+    (the plain constraint never allows a control token)."""
+    if thinking is False or thinking is None:
+        return constraint, prompt
+    if thinking not in (True, "optional"):
+        raise InvalidRequestError(f"thinking must be True, False or 'optional', got {thinking!r}")
+    wrapped = with_thinking(constraint, rt.tokenizer, required=thinking is True,
+                            max_thinking_tokens=max_thinking_tokens)
+    if isinstance(prompt, ChatPrompt):
+        prompt = ChatPrompt(prompt.messages, prompt.tools, {**prompt.template_kwargs, "enable_thinking": True})
+    else:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        prompt = ChatPrompt(messages, None, {"enable_thinking": True})
+    return wrapped, prompt
+
+
+def prepare(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, opts: GenerateOptions) -> RepairSession:
+    """The session of one request (``opts`` already checked)."""
+    rt = resolve_runtime(runtime)
+    if spec is None:
+        raise InvalidRequestError("spec is None: pass a pydantic model, a JSON Schema, Regex, Grammar or Choice")
+    constraint = constraint_for(spec, rt, strict=opts.strict, whitespace=opts.whitespace, separators=opts.separators)
+    constraint, prompt = apply_thinking(constraint, prompt, rt, opts.thinking, opts.max_thinking_tokens)
+    need = min_length_tokens(constraint)
+    if need > opts.max_new_tokens:
+        raise LengthError(f"every output of this constraint needs at least {need} tokens, "
+                          f"but max_new_tokens={opts.max_new_tokens}", partial_text="",
+                          stats=GenerationStats(mode=opts.mode, finish_reason="length", seed=opts.seed))
+    prompt_ids = rt.encode_prompt(prompt)
+    rt.check_fits([prompt_ids], opts.max_new_tokens)  # PromptTooLongError before any generation
+    seed = fresh_seed() if opts.seed is None else int(opts.seed)  # None: fresh randomness, recorded in stats
+    return RepairSession(rt, prompt_ids, constraint, opts, seed=seed, deadline=deadline_after(opts.timeout_s))

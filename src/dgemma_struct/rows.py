@@ -1,0 +1,56 @@
+"""The guide's per-row state (:class:`RowState`) and what a finished row reports (:class:`RowOutcome`).
+
+Example::
+
+    >>> RowOutcome(tokens=[5, 6], complete=True, dead_end=False, forced=1, closing=False).complete
+    True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from dgemma_struct.constraints import CanvasWalker
+
+
+@dataclass(slots=True)
+class RowState:
+    """One batch row under a :class:`~dgemma_struct.guide.ConstraintGuide`."""
+
+    walker: CanvasWalker | None          # None: an unconstrained row
+    start: int = 0                       # walker tokens committed before this guide (a kept prefix)
+    budget: int | None = None            # most tokens the row may commit, its stop token included
+    stop: Callable[[], bool] | None = None   # polled each step: True drops the row (caller gone)
+    n_frozen: int = 0                    # frozen positions in the current canvas (a prefix)
+    forced: int = 0                      # tokens written without a forward pass
+    stalled: int = 0                     # consecutive steps without progress
+    dead_end: bool = False               # no progress for ``stall_steps`` steps, or nothing allowed
+    no_allowed: bool = False             # the grammar allows no token at the frontier: the row was ended
+    closing: bool = False                # the row entered its budget-closing window
+    cut: bool = False                    # dropped by ``stop`` (the output is not a value)
+    cut_at: int | None = None            # canvas position of a cut / ended row's EOS, until written
+    closing_est: tuple | None = None     # (walker length, closing plan or None): the cached estimate
+
+    @property
+    def committed(self) -> int:
+        """Tokens this guide committed for the row (EOS included)."""
+        return 0 if self.walker is None else len(self.walker.frozen_tokens) - self.start
+
+    @property
+    def ended(self) -> bool:
+        """Cut, or ended at an empty frontier: the walker takes no more tokens."""
+        return self.cut or self.no_allowed
+
+
+@dataclass(frozen=True)
+class RowOutcome:
+    """What a row produced: its tokens (a kept prefix included, stop tokens removed), whether a
+    stop token ended a complete output, and the guide's flags."""
+
+    tokens: list[int]
+    complete: bool
+    dead_end: bool
+    forced: int
+    closing: bool
+    cut: bool = False

@@ -1,0 +1,208 @@
+"""One completion request, end to end: check it, compile its constraint, queue its rows on the
+batcher, and answer (a JSON body of :mod:`.responses`, or a stream of :mod:`.streaming`)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from dgemma_struct.constraints import Regex
+from dgemma_struct.errors import DgemmaStructError, LengthError
+from dgemma_struct.grounding import prompt_with_sources
+
+from .errors import APIError, api_error_for
+from .protocol import apply_stop, check_text, spec_of, stops_of, thinking_of
+from .responses import (ChatChoice, ChatCompletion, AssistantMessage, Completion, CompletionChoice, Usage,
+                        json_response)
+from .state import ServerState
+from .streaming import stream_live, stream_validated
+from .tool_calls import check_context, compile_for, completion_body, prepare_tokenizer, row_tokens, sse_events
+
+_FREE_TEXT = r"[\s\S]*"   # the constraint a thinking request without an output constraint answers under
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client of ``request`` (whose body was read) disconnects."""
+    while True:
+        msg = await request.receive()
+        if msg.get("type") == "http.disconnect":
+            return
+
+
+async def _gather(coros: list[Any], request: Request | None, param: str | None) -> list[Any]:
+    """Runs the rows; a client that disconnects cancels them (their rows leave the batch)."""
+    work = asyncio.ensure_future(asyncio.gather(*coros, return_exceptions=True))
+    work.add_done_callback(lambda f: f.cancelled() or f.exception())   # retrieved, even when abandoned
+    watcher = asyncio.ensure_future(_wait_disconnect(request)) if request is not None else None
+    try:
+        if watcher is not None:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                raise _ClientGone
+        results = await work
+    except BaseException:
+        work.cancel()
+        raise
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, LengthError):
+            if isinstance(r, asyncio.CancelledError):
+                raise r
+            raise api_error_for(r, param=param)
+    return results
+
+
+def _row(state: ServerState, r: Any, stops: list[str]) -> tuple[str, str, int, Any]:
+    """(text, finish_reason, completion tokens, stats dict) of one generated row."""
+    if isinstance(r, LengthError):
+        # as OpenAI: a constrained answer that cannot complete within max_tokens is a 200 with
+        # finish_reason "length" and the text so far (never a value claimed to be complete)
+        text = r.partial_text or ""
+        stats = r.stats.to_dict() if hasattr(r.stats, "to_dict") else None
+        return text, "length", state.count_tokens(text), stats
+    text, finish, n = r.text, r.stats.finish_reason or "stop", len(r.token_ids)
+    if stops:
+        cut = apply_stop(text, stops)
+        if cut is not None:
+            text, finish, n = cut, "stop", state.count_tokens(cut)
+    if finish not in ("stop", "length"):
+        finish = "stop"
+    return text, finish, n, r.stats.to_dict()
+
+
+def _spans_of(constraint: Any, text: str) -> dict | None:
+    """The grounding extension of one choice: ``{"spans": [...]}`` of its grounded values."""
+    try:
+        spans, _ = constraint.locate(json.loads(text))
+    except ValueError:
+        return None
+    return {"spans": [s.to_dict() for s in spans]}
+
+
+async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None,
+              tool_req: Any = None) -> Any:
+    """Answer a chat (``chat=True``) or text completion request for ``prompts``: a JSON response,
+    an SSE stream, or 499 when the client went away. Bad requests raise :class:`APIError`."""
+    max_tokens = state.check(req)
+    n = req.n or 1
+    for p in prompts:
+        check_text(p, "messages" if chat else "prompt")
+    spec, param = spec_of(req)
+    stops = stops_of(req)                    # validated either way ...
+    if spec is not None:
+        stops = []                           # ... but a constraint decides where its output ends
+    thinking, think_param = thinking_of(req)
+    use_tools = tool_req is not None and (tool_req.calls_possible or spec is None)
+    if use_tools and thinking is not False:
+        raise APIError(400, "thinking together with tool calls is not supported yet", param=think_param,
+                       code="unsupported_parameter")
+    if thinking is not False:
+        state.check_thinking(think_param)
+        if spec is None:                     # free text after the thought (stop sequences still apply)
+            spec = Regex(_FREE_TEXT)
+    grounded = None if use_tools else state.grounding_of(req, spec, param)
+    if use_tools:
+        stops = []
+        loop = asyncio.get_running_loop()
+        # the tokenizer set-up (once per process, seconds for 262k pieces) is not timed as a compile
+        await loop.run_in_executor(state.compile_executor, prepare_tokenizer, state.runtime)
+        try:
+            constraint = await asyncio.wait_for(loop.run_in_executor(
+                state.compile_executor, compile_for, tool_req, state.runtime), state.config.compile_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(400, "compiling the tool declarations took too long", param="tools",
+                           code="constraint_too_complex") from None
+        specs = [constraint] * len(prompts)
+    elif grounded is not None:
+        # one grounded constraint per prompt: the source defaults to that prompt's text
+        specs = [await state.compile_grounded(spec, p, grounded, param) for p in prompts]
+        prompts = [prompt_with_sources(p, c.sources) for p, c in zip(prompts, specs)]
+    else:
+        constraint = await state.compile(spec, param)
+        specs = [constraint] * len(prompts)
+    n_prompt = await asyncio.to_thread(lambda: [state.prompt_tokens(p) for p in prompts])
+    if tool_req is not None:
+        try:
+            check_context(n_prompt[0], max_tokens, state.runtime.max_context, tool_req)
+        except DgemmaStructError as err:
+            raise api_error_for(err) from None
+    seed = None if req.seed is None else int(req.seed) % (2 ** 63)
+    sampling = {"temperature": req.temperature, "top_p": req.top_p}
+    think = {"thinking": thinking, "max_thinking_tokens": req.max_thinking_tokens} if thinking is not False else {}
+    if req.stream and state.config.stream_live and not use_tools and not think and grounded is None:
+        if len(prompts) != 1 or n != 1:
+            raise APIError(400, "live streaming takes one prompt and n=1", param="n",
+                           code="unsupported_parameter")
+        return await stream_live(state, req, prompts[0], specs[0], max_tokens, seed, n_prompt[0], stops,
+                                 sampling, chat=chat)
+    coros = [state.batcher.submit(p, c, max_new_tokens=max_tokens,
+                                  seed=None if seed is None else (seed + j) % (2 ** 63),
+                                  timeout_s=state.config.request_timeout_s, **sampling, **think)
+             for p, c in zip(prompts, specs) for j in range(n)]
+    try:
+        results = await _gather(coros, request, param)
+    except _ClientGone:
+        return Response(status_code=499)
+    if use_tools:
+        return _tool_answer(state, req, results, tool_req, prompt_total=sum(n_prompt) * n)
+    rows = [_row(state, r, stops) for r in results]
+    # extensions on each choice: the thought (vLLM's reasoning_content) and the grounded spans
+    row_specs = [c for c in specs for _ in range(n)]
+    extras: list[dict[str, Any]] = []
+    for r, c, row in zip(results, row_specs, rows):
+        extra: dict[str, Any] = {}
+        if think:
+            extra["reasoning_content"] = getattr(r, "reasoning", None)
+        if grounded is not None:
+            extra["grounding"] = _spans_of(c, row[0]) if row[1] != "length" else None
+        extras.append(extra)
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    prompt_total = sum(n_prompt) * n
+    if req.stream:
+        return stream_validated(state, req, rid, rows, prompt_total, chat=chat, extras=extras)
+    return json_response(_body(state, rid, rows, extras, prompt_total, chat=chat))
+
+
+def _body(state: ServerState, rid: str, rows: list[tuple], extras: list[dict[str, Any]], prompt_total: int, *,
+          chat: bool) -> ChatCompletion | Completion:
+    """The ``chat.completion`` / ``text_completion`` body of the rows."""
+    usage = Usage.of(prompt_total, sum(r[2] for r in rows))
+    stats = [r[3] for r in rows]
+    head = dict(id=rid, created=int(time.time()), model=state.model_id, usage=usage,
+                dgemma_stats=stats if len(stats) > 1 else stats[0])
+    if chat:
+        choices = []
+        for i, ((text, finish, _, _), extra) in enumerate(zip(rows, extras)):
+            thought = {k: v for k, v in extra.items() if k == "reasoning_content"}   # on the message
+            more = {k: v for k, v in extra.items() if k != "reasoning_content"}      # on the choice
+            choices.append(ChatChoice(index=i, message=AssistantMessage(content=text, **thought), finish_reason=finish,
+                                      **more))
+        return ChatCompletion(**head, choices=choices)
+    return Completion(**head, choices=[CompletionChoice(index=i, text=text, finish_reason=finish, **extra)
+                                       for i, ((text, finish, _, _), extra) in enumerate(zip(rows, extras))])
+
+
+def _tool_answer(state: ServerState, req: Any, results: list[Any], tool_req: Any, *, prompt_total: int) -> Any:
+    """The answer of a tool request: ``message.tool_calls`` (or the text), as JSON or a stream."""
+    rid = "chatcmpl-" + uuid.uuid4().hex[:24]
+    completion = sum(row_tokens(r, state.count_tokens) for r in results)
+    created = int(time.time())
+    if req.stream:
+        include_usage = bool((req.stream_options or {}).get("include_usage"))
+        usage = Usage.of(prompt_total, completion).wire() if include_usage else None
+        return StreamingResponse(sse_events(results, tool_req, rid=rid, model=state.model_id, created=created,
+                                            usage=usage), media_type="text/event-stream")
+    return json_response(completion_body(results, tool_req, rid=rid, model=state.model_id, created=created,
+                                         prompt_tokens=prompt_total, completion_tokens=completion))
+

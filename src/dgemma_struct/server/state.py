@@ -1,0 +1,198 @@
+"""What a running server holds (:class:`ServerState`: the runtime, the batcher, the compile
+executors and worker pool) and the per-request steps that use it: checks, constraint compiles,
+token counts. The request pipeline itself is :mod:`.completions`."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from dgemma_struct.api import constraint_for
+from dgemma_struct.constraints.thinking import THOUGHT_CLOSE, THOUGHT_OPEN
+from dgemma_struct.errors import DgemmaStructError, GroundingError
+from dgemma_struct.grounding import compile_grounded, grounded_sources, grounding_options, has_grounding
+from dgemma_struct.runtime import DiffusionRuntime
+
+from .batcher import Batcher
+from .compile_pool import CompilePool
+from .config import ServerConfig
+from .errors import APIError, api_error_for
+
+
+class ServerState:
+    """The runtime and everything the server runs it with; :meth:`start` / :meth:`stop` follow the
+    app's lifespan."""
+
+    def __init__(self, runtime: DiffusionRuntime, config: ServerConfig):
+        self.runtime = runtime
+        self.config = config
+        self.model_id = config.served_model_name or runtime.name
+        self.created = int(time.time())
+        self.batcher = Batcher(runtime, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
+                               max_queue=config.max_queue, max_repairs=config.max_repairs,
+                               queue_timeout_s=config.queue_timeout_s)
+        self.compile_sem = asyncio.Semaphore(config.max_concurrent_compiles)
+        # compiles never share an executor with anything else (prompts, generation)
+        self.compile_executor = ThreadPoolExecutor(max_workers=config.max_concurrent_compiles,
+                                                   thread_name_prefix="dgemma-struct-compile")
+        # specs whose probe succeeded before: compiled (usually a cache hit) without waiting for a slot
+        self.known_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dgemma-struct-compile-known")
+        self.pool = (CompilePool(config.max_concurrent_compiles, memory_mb=config.compile_memory_mb or None)
+                     if config.isolate_compiles else None)
+
+    def start(self) -> None:
+        self.batcher.start()
+        if self.pool is not None:   # start one compile worker in the background
+            threading.Thread(target=self._warm, daemon=True, name="dgemma-struct-compile-warm").start()
+
+    def _warm(self) -> None:
+        try:
+            self.pool.warm()
+        except Exception:  # noqa: BLE001 - the first compile starts one instead
+            pass
+
+    def stop(self) -> None:
+        self.batcher.stop()
+        if self.pool is not None:
+            self.pool.close()
+        self.compile_executor.shutdown(wait=False, cancel_futures=True)
+        self.known_executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ request handling
+    def _compile_blocking(self, spec: Any) -> Any:
+        if self.pool is not None:
+            rt = self.runtime
+            self.pool.probe(spec, rt.tokenizer, stop_token_ids=list(rt.eos_token_ids),
+                            vocab_size=rt.model.config.text_config.vocab_size,
+                            timeout_s=self.config.compile_timeout_s)
+        return constraint_for(spec, self.runtime)
+
+    async def compile(self, spec: Any, param: str | None) -> Any:
+        """Compile a request's constraint: first in a worker process (a crash or runaway compile
+        there is a typed 400), then in-process for generation (cached)."""
+        if spec is None:
+            return None
+        loop = asyncio.get_running_loop()
+        limit = self.config.compile_timeout_s
+        if self.pool is not None and await loop.run_in_executor(self.known_executor, self.pool.known_ok, spec):
+            try:   # a big compile in progress never holds up a spec that compiled before
+                return await loop.run_in_executor(self.known_executor, constraint_for, spec, self.runtime)
+            except DgemmaStructError as err:
+                raise api_error_for(err, param=param) from None
+        async with self.compile_sem:
+            try:
+                # the probe enforces the compile timeout itself (it kills the worker); the margin
+                # here covers starting a worker and the in-process compile after the probe
+                margin = (self.pool.start_timeout_s + limit) if self.pool is not None else 0.0
+                return await asyncio.wait_for(loop.run_in_executor(self.compile_executor,
+                                                                   functools.partial(self._compile_blocking, spec)),
+                                              limit + margin)
+            except asyncio.TimeoutError:
+                raise APIError(400, f"compiling the constraint took longer than {limit:g} s", param=param,
+                               code="constraint_too_complex") from None
+            except DgemmaStructError as err:
+                raise api_error_for(err, param=param) from None
+            except RecursionError:
+                raise APIError(400, "the constraint is nested too deeply", param=param,
+                               code="constraint_too_complex") from None
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
+                raise APIError(400, f"cannot compile the constraint: {type(err).__name__}: {err}", param=param,
+                               code="invalid_constraint") from None
+
+    def check_thinking(self, param: str | None) -> None:
+        """A 400 unless the tokenizer has Gemma 4's thought-channel control tokens."""
+        tok = self.runtime.tokenizer
+        for t in THOUGHT_OPEN, THOUGHT_CLOSE:
+            try:
+                tid = tok.convert_tokens_to_ids(t)
+                ok = isinstance(tid, int) and tid >= 0 and tok.convert_ids_to_tokens(tid) == t
+            except Exception:  # noqa: BLE001 - tokenizers without the methods
+                ok = False
+            if not ok:
+                raise APIError(400, f"this model's tokenizer has no thought-channel token {t} (Gemma 4's "
+                                    "<|channel>/<channel|>): thinking is not supported by this model",
+                               param=param, code="thinking_unsupported")
+
+    def grounding_of(self, req: Any, spec: Any, param: str | None) -> dict | None:
+        """The request's grounding options (``grounding_options``), ``{}`` when only the schema marks
+        fields (``x-grounded``), ``None`` when the request is not grounded."""
+        given = req.grounding
+        try:
+            opts = grounding_options(given) if given not in (None, False) else None
+            marked = isinstance(spec, dict) and has_grounding(spec)
+        except DgemmaStructError as err:
+            raise api_error_for(err, param="grounding") from None
+        if opts is None and not marked:
+            return None
+        if not isinstance(spec, dict):
+            raise APIError(400, "grounding needs a JSON Schema output constraint (response_format json_schema, "
+                                "structured_outputs.json or guided_json)", param="grounding",
+                           code="invalid_grounding")
+        return opts or {}
+
+    def _compile_grounded_blocking(self, spec: Any, prompt: Any, opts: dict) -> Any:
+        rt = self.runtime
+        return compile_grounded(spec, rt.tokenizer, source=grounded_sources(prompt, opts.get("source")),
+                                ground=opts.get("ground"), granularity=opts.get("granularity", "words"),
+                                stop_token_ids=rt.eos_token_ids, vocab_size=rt.model.config.text_config.vocab_size)
+
+    async def compile_grounded(self, spec: Any, prompt: Any, opts: dict, param: str | None) -> Any:
+        """A grounded constraint for one prompt, built on the compile executor (bounded slots and
+        the compile timeout; the grammar is built in-process, not in a probe worker)."""
+        loop = asyncio.get_running_loop()
+        limit = self.config.compile_timeout_s
+        async with self.compile_sem:
+            try:
+                return await asyncio.wait_for(loop.run_in_executor(
+                    self.compile_executor, functools.partial(self._compile_grounded_blocking, spec, prompt, opts)),
+                    limit)
+            except asyncio.TimeoutError:
+                raise APIError(400, f"compiling the grounded constraint took longer than {limit:g} s",
+                               param=param, code="constraint_too_complex") from None
+            except DgemmaStructError as err:
+                raise api_error_for(err, param="grounding" if isinstance(err, GroundingError) else param) from None
+            except RecursionError:
+                raise APIError(400, "the constraint is nested too deeply", param=param,
+                               code="constraint_too_complex") from None
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
+                raise APIError(400, f"cannot compile the grounded constraint: {type(err).__name__}: {err}",
+                               param=param, code="invalid_grounding") from None
+
+    def check(self, req: Any) -> int:
+        if req.model not in (None, "", self.model_id):
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {self.model_id!r}",
+                           param="model", code="model_not_found")
+        if (req.n or 1) > self.config.max_n:
+            raise APIError(400, f"n={req.n} exceeds this server's limit of {self.config.max_n}", param="n",
+                           code="n_too_large")
+        if getattr(req, "logprobs", None) or getattr(req, "echo", None):
+            raise APIError(400, "logprobs/echo are not supported", param="logprobs", code="unsupported_parameter")
+        max_tokens = req.max_completion_tokens or req.max_tokens or self.config.default_max_tokens
+        if max_tokens > self.config.max_tokens_cap:
+            raise APIError(400, f"max_tokens={max_tokens} exceeds this server's limit of {self.config.max_tokens_cap}",
+                           param="max_tokens", code="max_tokens_too_large")
+        return max_tokens
+
+    def prompt_tokens(self, prompt: Any) -> int:
+        try:
+            return len(self.runtime.encode_prompt(prompt))
+        except DgemmaStructError as err:
+            raise api_error_for(err) from None
+        except Exception as err:  # noqa: BLE001 - the chat template or tokenizer refused this prompt
+            raise APIError(400, f"the prompt cannot be encoded: {type(err).__name__}: {err}", param="messages",
+                           code="invalid_prompt") from None
+
+    def count_tokens(self, text: str) -> int:
+        if not text:
+            return 0
+        try:
+            return len(self.runtime.tokenizer(text, add_special_tokens=False)["input_ids"])
+        except Exception:  # noqa: BLE001 - a count is not worth failing a request for
+            return 0

@@ -1,0 +1,146 @@
+"""Tool declarations: :class:`Tool` from a pydantic model, a function or an OpenAI tool dict,
+checked by :func:`normalise_tools`, and the ``tool_choice`` values."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from dgemma_struct.errors import ConstraintError
+from dgemma_struct.tools.syntax import _NAME
+
+TOOL_CHOICES = ("auto", "required", "none")
+_MAX_TOOLS = 128
+
+
+class ToolCallError(ConstraintError):
+    """Bad tool declarations or ``tool_choice`` (duplicate or non-identifier names, invalid argument
+    schemas, an unknown tool named in ``tool_choice``, a tokenizer without tool-call tokens)."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One declared tool: ``name``, ``description``, ``parameters`` (the arguments' JSON Schema, an
+    object schema) and, for tools given as pydantic models, ``model`` (arguments are returned as an
+    instance of it)."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    model: Any = None
+    strict: bool = False
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI ``tools`` entry (what the chat template renders into the system turn)."""
+        fn: dict[str, Any] = {"name": self.name, "parameters": dict(self.parameters)}
+        if self.description:
+            fn["description"] = self.description
+        return {"type": "function", "function": fn}
+
+
+def _function_schema(fn: Callable) -> tuple[dict[str, Any], Any]:
+    from pydantic import create_model
+
+    sig = inspect.signature(fn)
+    fields: dict[str, Any] = {}
+    for name, p in sig.parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise ToolCallError(f"tool function {fn.__name__!r}: *args/**kwargs cannot be declared as arguments")
+        ann = p.annotation if p.annotation is not inspect.Parameter.empty else Any
+        fields[name] = (ann, ... if p.default is inspect.Parameter.empty else p.default)
+    try:
+        model = create_model(f"{fn.__name__}_arguments", **fields)
+        schema = model.model_json_schema()
+    except Exception as err:  # pydantic.PydanticSchemaGenerationError, TypeError
+        raise ToolCallError(f"tool function {fn.__name__!r}: cannot derive an argument schema: {err}") from err
+    schema.pop("title", None)
+    return schema, model
+
+
+def as_tool(obj: Any) -> Tool:
+    """A :class:`Tool` from a pydantic model class, a plain function (signature + docstring), an
+    OpenAI tool dict (``{"type": "function", "function": {...}}``), a legacy function dict
+    (``{"name": ..., "parameters": ...}``) or a :class:`Tool`."""
+    from pydantic import BaseModel
+
+    if isinstance(obj, Tool):
+        return obj
+    if isinstance(obj, type) and issubclass(obj, BaseModel):
+        schema = obj.model_json_schema()
+        desc = schema.pop("description", "") or (inspect.getdoc(obj) or "")
+        schema.pop("title", None)
+        return Tool(name=obj.__name__, description=desc, parameters=schema, model=obj)
+    if isinstance(obj, Mapping):
+        spec = obj
+        if obj.get("type") == "function" or "function" in obj:
+            spec = obj.get("function")
+            if not isinstance(spec, Mapping):
+                raise ToolCallError("a tool dict of type 'function' needs a 'function' object")
+        elif obj.get("type") not in (None, "function"):
+            raise ToolCallError(f"unsupported tool type {obj.get('type')!r} (only 'function' tools)")
+        name = spec.get("name")
+        params = spec.get("parameters", {"type": "object", "properties": {}})
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        if not isinstance(params, Mapping):
+            raise ToolCallError(f"tool {name!r}: 'parameters' must be a JSON Schema object")
+        desc = spec.get("description") or ""
+        if not isinstance(desc, str):
+            raise ToolCallError(f"tool {name!r}: 'description' must be a string")
+        return Tool(name=name, description=desc, parameters=dict(params), strict=bool(spec.get("strict", False)))
+    if callable(obj) and hasattr(obj, "__name__"):
+        schema, model = _function_schema(obj)
+        return Tool(name=obj.__name__, description=inspect.getdoc(obj) or "", parameters=schema, model=model)
+    raise ToolCallError(f"cannot use {type(obj).__name__} as a tool: give a pydantic model, a function or an "
+                        "OpenAI tool dict")
+
+
+def normalise_tools(tools: Sequence[Any]) -> list[Tool]:
+    """Validate and convert declarations: identifier names, no duplicates, object argument schemas
+    that are valid JSON Schema."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError as JSError
+
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise ToolCallError("tools must be a list of tool declarations")
+    if not tools:
+        raise ToolCallError("tools is empty")
+    if len(tools) > _MAX_TOOLS:
+        raise ToolCallError(f"too many tools ({len(tools)}; at most {_MAX_TOOLS})")
+    out: list[Tool] = []
+    seen: set[str] = set()
+    for t in tools:
+        tool = as_tool(t)
+        if not isinstance(tool.name, str) or not _NAME.fullmatch(tool.name):
+            raise ToolCallError(f"tool name {tool.name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_.-]*, ≤ 64 chars)")
+        if tool.name in seen:
+            raise ToolCallError(f"duplicate tool name {tool.name!r}")
+        seen.add(tool.name)
+        params = tool.parameters
+        if params.get("type", "object") != "object":
+            raise ToolCallError(f"tool {tool.name!r}: the arguments schema must be of type 'object'")
+        try:
+            Draft202012Validator.check_schema(params)
+        except JSError as err:
+            raise ToolCallError(f"tool {tool.name!r}: invalid arguments schema: {err.message}") from err
+        except RecursionError as err:
+            raise ToolCallError(f"tool {tool.name!r}: arguments schema nested too deeply") from err
+        out.append(tool)
+    return out
+
+
+def _check_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, str | None]:
+    if isinstance(tool_choice, str):
+        if tool_choice not in TOOL_CHOICES:
+            raise ToolCallError(f"tool_choice must be one of {TOOL_CHOICES} or {{'name': ...}}, got {tool_choice!r}")
+        return tool_choice, None
+    if isinstance(tool_choice, Mapping):
+        name = tool_choice.get("name")
+        if name is None and isinstance(tool_choice.get("function"), Mapping):
+            name = tool_choice["function"].get("name")
+        if not isinstance(name, str):
+            raise ToolCallError(f"tool_choice must name a tool: {tool_choice!r}")
+        if name not in {t.name for t in tools}:
+            raise ToolCallError(f"tool_choice names {name!r}, which is not a declared tool")
+        return "named", name
+    raise ToolCallError(f"tool_choice must be a string or {{'name': ...}}, got {type(tool_choice).__name__}")

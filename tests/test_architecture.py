@@ -1,0 +1,137 @@
+"""The package's shape: no import circles, no arrow running back up, no module over the size
+goal. Imports are read with ``ast`` (type-only imports count too: a circle is a circle)."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"dgemma_struct": ROOT / "src" / "dgemma_struct", "dgemma_struct.kernels": ROOT / "kernels",
+            "dgemma_struct.grammars": ROOT / "grammars"}
+MAX_LINES = 400
+
+# lower layers that must never import these upper ones (prefix match on module names)
+FORBIDDEN = {
+    "dgemma_struct.runtime": ["dgemma_struct.api", "dgemma_struct.guide", "dgemma_struct.constraints",
+                              "dgemma_struct.repair", "dgemma_struct.options"],
+    "dgemma_struct.canvas": ["dgemma_struct.guide", "dgemma_struct.constraints", "dgemma_struct.api"],
+    "dgemma_struct.autoregressive": ["dgemma_struct.guide", "dgemma_struct.constraints", "dgemma_struct.api"],
+    "dgemma_struct.sampler": ["dgemma_struct.guide", "dgemma_struct.constraints", "dgemma_struct.api"],
+    "dgemma_struct.hooks": ["dgemma_struct.guide", "dgemma_struct.constraints", "dgemma_struct.api"],
+    "dgemma_struct.constraints": ["dgemma_struct.guide", "dgemma_struct.api", "dgemma_struct.repair",
+                                  "dgemma_struct.runtime", "dgemma_struct.server"],
+    "dgemma_struct.kernels": ["dgemma_struct.constraints", "dgemma_struct.guide", "dgemma_struct.api"],
+    "dgemma_struct.repair": ["dgemma_struct.api", "dgemma_struct.server"],
+    "dgemma_struct.guide": ["dgemma_struct.api", "dgemma_struct.repair", "dgemma_struct.server"],
+    "dgemma_struct.api": ["dgemma_struct.server", "dgemma_struct.grounding", "dgemma_struct.tools"],
+}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg, root in PACKAGES.items():
+        for path in root.rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join([pkg, *parts])] = path
+    return mods
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".") if is_pkg else name.split(".")[:-1]
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                candidates = [target] + [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                candidates = [a.name for a in node.names]
+            else:
+                continue
+            out.update(c for c in candidates if c in mods and c != name)
+        graph[name] = out
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_checker_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert _cycles(_graph()) == []
+
+
+def test_no_arrow_runs_back_up():
+    graph = _graph()
+    bad = [(src, dst) for src, dsts in graph.items() for dst in dsts for low, ups in FORBIDDEN.items()
+           if (src == low or src.startswith(low + ".")) for up in ups if dst == up or dst.startswith(up + ".")]
+    assert bad == []
+
+
+def test_inner_modules_do_not_import_the_package_face():
+    """``import dgemma_struct`` from inside the package is an arrow back up to ``__init__``."""
+    graph = _graph()
+    assert sorted(src for src, dsts in graph.items() if "dgemma_struct" in dsts and src != "dgemma_struct"
+                  and src != "dgemma_struct.cli") == []
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_module_size(name):
+    n = len(_modules()[name].read_text().splitlines())
+    assert n <= MAX_LINES, f"{name} has {n} lines (goal: at most {MAX_LINES})"
+
+
+def test_every_package_is_listed_for_setuptools():
+    """An installed (non-editable) copy has only the packages pyproject lists."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert packages - listed == set()
