@@ -51,7 +51,7 @@ def test_candidates_and_closer_ids(hf_tok):
         del c.closing_token_ids
 
 
-def test_closing_plan_function_matches_the_walker_delegate(hf_tok):
+def test_closing_plan_closes_an_open_array_and_then_has_nothing_left(hf_tok):
     c = compile_constraint({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}}},
                             "required": ["a"]}, tokenizer=hf_tok)
     w = c.canvas_walker()
@@ -59,7 +59,7 @@ def test_closing_plan_function_matches_the_walker_delegate(hf_tok):
     w.commit(toks)
     cand = closing_candidates(c.tokenizer_info)
     plan = closing_plan(w, cand[0], cand[1], 16, cand[2], cand[3])
-    assert plan == w.closing_plan(cand[0], cand[1], 16, cand[2], cand[3])
+    assert plan and len(plan) <= 16
     assert c.matches(c.tokenizer_info.lltok.decode_str(toks + plan))
     w.commit(plan + [c.eos_token_id])
     assert closing_plan(w, *cand[:2], 16, *cand[2:]) == []  # finished: nothing left to close

@@ -1,4 +1,4 @@
-"""Budget closing at its root (issue #12): ``CanvasWalker.closing_plan`` finds a completion whenever
+"""Budget closing at its root (issue #12): ``closing.closing_plan`` finds a completion whenever
 the grammar can still be closed, and prefers completions that pass validation (formats)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dgemma_struct.constraints import Regex, compile_constraint
-from dgemma_struct.constraints.closing import closing_candidates
+from dgemma_struct.constraints.closing import closing_candidates, closing_plan
 
 # vLLM's ``sample_json_schema`` (vllm tests/conftest.py, Apache-2.0), the schema of its structured-output tests
 VLLM_SAMPLE_JSON_SCHEMA = {
@@ -31,7 +31,7 @@ def _close(c, prefix: str, max_n: int = 96):
     toks = c.tokenize(prefix)
     w.commit(toks)
     t0 = time.perf_counter()
-    plan = w.closing_plan(*closing_candidates(c.tokenizer_info)[:2], max_n,
+    plan = closing_plan(w, *closing_candidates(c.tokenizer_info)[:2], max_n,
                           *closing_candidates(c.tokenizer_info)[2:])
     dt = time.perf_counter() - t0
     assert plan is not None, f"no closing plan after {prefix!r}"
@@ -71,7 +71,7 @@ def test_regex_that_greedy_cannot_close(hf_tok):
     assert text.startswith("a.-b") and "@" in text
     w = c.canvas_walker()
     w.commit(c.tokenize("a"))
-    assert w.closing_plan(*closing_candidates(c.tokenizer_info)[:2], 2, *closing_candidates(c.tokenizer_info)[2:]) \
+    assert closing_plan(w, *closing_candidates(c.tokenizer_info)[:2], 2, *closing_candidates(c.tokenizer_info)[2:]) \
         is None  # '@' + one letter + '.' + two letters: at least 5 tokens of these candidates
 
 
