@@ -19,7 +19,8 @@ from dgemma_struct.options import GenerateOptions
 from dgemma_struct.request import constraint_for
 from dgemma_struct.streaming import partial_json, stream, stream_json
 from dgemma_struct.hooks import NullHook, StepHook, StepView
-from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
+from dgemma_struct.choice_scores import choice_probabilities
+from dgemma_struct.results import CanvasEvent, ChoiceResult, GenerationResult, GenerationStats, TokenLogprob
 from dgemma_struct.grounding import Grounded, GroundedResult, generate_grounded, generate_grounded_batch
 from dgemma_struct.runtime import ChatPrompt, DiffusionRuntime
 from dgemma_struct.tools import Tool, ToolCall, ToolCallResult, generate_tool_calls
@@ -31,5 +32,6 @@ __all__ = [
     "compile_constraint", "Constraint", "Regex", "Grammar", "Choice", "JsonSchema", "DiffusionRuntime",
     "GenerationResult", "GenerationStats", "CanvasEvent", "StepHook", "StepView", "NullHook", "DgemmaStructError",
     "generate_grounded", "generate_grounded_batch", "Grounded", "GroundedResult", "generate_tool_calls", "Tool",
-    "ToolCall", "ToolCallResult", "ChatPrompt", "Generator", "GenerateOptions", "__version__",
+    "ToolCall", "ToolCallResult", "ChatPrompt", "Generator", "GenerateOptions", "ChoiceResult", "choice_probabilities",
+    "TokenLogprob", "__version__",
 ]

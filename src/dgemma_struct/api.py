@@ -31,7 +31,8 @@ from dgemma_struct.options import FIELDS, GenerateOptions, offset_seed
 from dgemma_struct.prompts import Prompt, check_seed, fresh_seed
 from dgemma_struct.repair import RepairSession, batch_guide
 from dgemma_struct.request import constraint_for, prepare, resolve_runtime
-from dgemma_struct.results import CanvasEvent, GenerationResult
+from dgemma_struct.choice_scores import score_choices
+from dgemma_struct.results import CanvasEvent, ChoiceResult, GenerationResult
 from dgemma_struct.runtime import DiffusionRuntime
 from dgemma_struct.streaming import partial_json, stream, stream_json  # noqa: F401
 
@@ -58,7 +59,12 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
     ``mode="diffusion"``, ``max_repairs=2``, ``strict=False``, ``fallback=True``,
     ``timeout_s=None``, ``whitespace="compact"``, ``separators=None``, ``progress=True``,
     ``repair_junk=True``, ``close_on_budget=True``, ``temperature=None``, ``top_p=1.0``, ``n=1``,
-    ``thinking=False``, ``max_thinking_tokens=1024``, ``return_details=False``.
+    ``thinking=False``, ``max_thinking_tokens=1024``, ``return_details=False``, ``logprobs=None``.
+
+    ``logprobs=k`` (0..20): ``result.logprobs`` holds one
+    :class:`~dgemma_struct.results.TokenLogprob` per ``result.token_ids`` entry, with the ``k``
+    most likely alternatives (needs ``return_details=True`` to be seen); see
+    :mod:`dgemma_struct.logprobs` for what a diffusion logprob is.
 
     Sampling: ``seed=0`` by default, so a call is deterministic (the same arguments give the same
     output); ``seed=None`` draws a fresh seed (``stats.seed`` records it). ``temperature=None``
@@ -108,11 +114,23 @@ def generate_grammar(prompt: Prompt, lark_grammar: str, **opts: Any) -> Any:
     return generate(prompt, Grammar(lark_grammar), **opts)
 
 
-def generate_choice(prompt: Prompt, choices: Sequence[str], **opts: Any) -> Any:
-    """One of ``choices``."""
+def generate_choice(prompt: Prompt, choices: Sequence[str], *, return_probabilities: bool = False,
+                    probability_estimator: str = "canvas", **opts: Any) -> Any:
+    """One of ``choices``. With ``return_probabilities=True``: a :class:`ChoiceResult` holding
+    the generated option and every option's probability (``{option: p}``, summing to 1) from
+    :func:`~dgemma_struct.choice_scores.score_choices` (``probability_estimator``: ``"canvas"``, a
+    masked pseudo-likelihood on one denoising pass, or ``"ar"``, the exact masked left-to-right
+    likelihood on the same weights)."""
     if choices is None or isinstance(choices, (str, bytes, dict)) or not isinstance(choices, (Sequence, set, frozenset)):
         raise ChoiceError(f"choices must be a list of strings, got {type(choices).__name__}")
-    return generate(prompt, Choice(list(choices)), **opts)
+    if not isinstance(return_probabilities, bool):
+        raise InvalidRequestError(f"return_probabilities must be a bool, got {return_probabilities!r}")
+    if not return_probabilities:
+        return generate(prompt, Choice(list(choices)), **opts)
+    if opts.get("thinking") not in (None, False) or opts.get("n", 1) != 1:
+        raise InvalidRequestError("return_probabilities works with n=1 and without thinking")
+    scores = score_choices(prompt, list(choices), runtime=opts.get("runtime"), estimator=probability_estimator)
+    return ChoiceResult(value=generate(prompt, Choice(list(choices)), **opts), probabilities=scores.probabilities)
 
 
 def _row_seeds(seed: Any, n: int) -> list[Any]:

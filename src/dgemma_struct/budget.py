@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from dgemma_struct.constraints import closer_ids, closing_plan
+from dgemma_struct.constraints.closing import plan_still_closes
 
 if TYPE_CHECKING:
     from dgemma_struct.rows import RowState
@@ -48,12 +49,25 @@ def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None 
         return remaining, []
     key = len(w.frozen_tokens)
     if row.closing_est is None or row.closing_est[0] != key:
-        quote, bracket, byte_ids, byte_values = closer_ids(w)
-        row.closing_est = (key, closing_plan(w, quote, bracket, remaining, byte_ids, byte_values))
+        row.closing_est = (key, _next_plan(row, remaining))
     plan = row.closing_est[1]
     if plan is None:  # no plan fits
         return 0, None
     return max(0, remaining - len(plan) - margin), plan
+
+
+def _next_plan(row: RowState, remaining: int) -> list[int] | None:
+    """The row's closing plan after its latest commits: the previous plan, advanced past the tokens
+    that followed it, while it still completes the output within ``remaining`` (incremental: no search
+    per commit while the row writes inside a string); else a fresh :func:`closing_plan`."""
+    w, est = row.walker, row.closing_est
+    if est is not None and est[1] is not None and est[0] <= len(w.frozen_tokens):
+        old, new = est[1], w.frozen_tokens[est[0]:]
+        plan = old[len(new):] if old[:len(new)] == new else old
+        if len(plan) <= remaining and plan_still_closes(w, plan):
+            return plan
+    quote, bracket, byte_ids, byte_values = closer_ids(w)
+    return closing_plan(w, quote, bracket, remaining, byte_ids, byte_values)
 
 
 def bias_plan(logits: torch.Tensor, plan: Sequence[int], stop_ids: Sequence[int]) -> None:

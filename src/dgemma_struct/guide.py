@@ -39,6 +39,7 @@ from dgemma_struct.constraints import CanvasWalker
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.hooks import StepView
 from dgemma_struct.kernels import apply_token_bitmask_
+from dgemma_struct.logprobs import GuideLogprobs
 from dgemma_struct.lookahead import MaskLookahead
 from dgemma_struct.options import check_deadline
 from dgemma_struct.rows import RowOutcome, RowState
@@ -54,13 +55,16 @@ class ConstraintGuide:
     ``close_on_budget`` then closes rows in time (``closing_window``: the margin, default 2).
     ``row_stop[b]()`` True drops row b now (its caller timed out or went away): it ends with EOS
     at once so a batch is not held up by it. ``deadline``: a ``time.monotonic()`` value after
-    which the run is abandoned with :class:`~dgemma_struct.errors.GenerationTimeout`."""
+    which the run is abandoned with :class:`~dgemma_struct.errors.GenerationTimeout`.
+    ``logprobs``: ``k`` records each committed token's logprob and its ``k`` top alternatives
+    (:mod:`dgemma_struct.logprobs`; ``ar_temperature``: the AR loop's temperature)."""
 
     def __init__(self, walkers: Sequence[CanvasWalker | None], *, pad_token_id: int, progress: bool = True,
                  force_tokens: bool = True, renoise_invalid: bool = False, stall_steps: int = 8,
                  deadline: float | None = None, budgets: Sequence[int] | None = None,
                  close_on_budget: bool = False, closing_window: int | None = None,
-                 row_stop: Sequence[Callable[[], bool] | None] | None = None):
+                 row_stop: Sequence[Callable[[], bool] | None] | None = None, logprobs: int | None = None,
+                 ar_temperature: float | None = None):
         self.rows = [RowState(w, start=len(w.frozen_tokens) if w is not None else 0,
                               budget=budgets[b] if budgets is not None else None,
                               stop=row_stop[b] if row_stop is not None else None)
@@ -77,6 +81,7 @@ class ConstraintGuide:
         self.mask_s = 0.0                            # time the loop spent in this guide
         self._canvas: tuple[int, int] | None = None  # (canvas index, canvas length); None in AR mode
         self._ahead = MaskLookahead()
+        self.lp = GuideLogprobs(len(self.rows), logprobs, ar_temperature) if logprobs is not None else None
 
     @property
     def walkers(self) -> list[CanvasWalker | None]:
@@ -88,7 +93,8 @@ class ConstraintGuide:
         gen = list(r.walker.frozen_tokens) if r.walker is not None else []
         stops = r.walker.stop_token_ids if r.walker is not None else ()
         return RowOutcome(tokens=[t for t in gen if t not in stops], complete=bool(gen) and gen[-1] in stops,
-                          dead_end=r.dead_end, forced=r.forced, closing=r.closing, cut=r.cut)
+                          dead_end=r.dead_end, forced=r.forced, closing=r.closing, cut=r.cut,
+                          logprobs=self.lp.kept(row, stops) if self.lp is not None else None)
 
     # ------------------------------------------------------------------ row helpers
     def _pad_rest(self, view: StepView, b: int, *, done: bool = True) -> None:
@@ -100,8 +106,9 @@ class ConstraintGuide:
         if done:
             view.done[b] = True
 
-    def _freeze(self, view: StepView, b: int, tokens: list[int]) -> None:
-        """Commit ``tokens`` at the frontier of row ``b`` and freeze them; after EOS, pad."""
+    def _freeze(self, view: StepView, b: int, tokens: list[int], logits: torch.Tensor | None = None) -> None:
+        """Commit ``tokens`` at the frontier of row ``b`` and freeze them; after EOS, pad. ``logits``:
+        the step's rows at their positions (for logprobs; ``None``: forced tokens)."""
         r = self.rows[b]
         w, f, L = r.walker, r.n_frozen, view.frozen.shape[1]
         tokens = tokens[: L - f]
@@ -116,6 +123,8 @@ class ConstraintGuide:
             tokens = keep
         if not tokens:
             return
+        if self.lp is not None:
+            self.lp.record(b, w, tokens, logits)
         w.commit(tokens)
         view.frozen[b, f:f + len(tokens)] = True
         view.frozen_tokens[b, f:f + len(tokens)] = torch.tensor(tokens, dtype=view.frozen_tokens.dtype)
@@ -259,7 +268,7 @@ class ConstraintGuide:
                 self._stall(r)
                 continue
             r.stalled = 0
-            self._freeze(view, b, run[:res.n_valid])
+            self._freeze(view, b, run[:res.n_valid], view.logits[b, f:])
             self._apply_forced(view, b)
             if self.renoise_invalid:
                 view.accept[b, r.n_frozen:] = False
@@ -278,12 +287,12 @@ class ConstraintGuide:
                 room, plan = (free_room(r, self._canvas, self.closing_window) if self.close_on_budget
                               else (L, None))
                 if room == 0 and plan is not None:  # close now: the plan, then the stop token
-                    self._freeze(view, b, plan + [w.stop_token_ids[0]])
+                    self._freeze(view, b, plan + [w.stop_token_ids[0]], view.logits[b, f:])
                     r.closing = True
                 else:  # masked greedy fill, up to the closing window
                     fill = w.greedy_fill(view.logits[b, f:].float(), L - f)
                     if fill:
-                        self._freeze(view, b, fill if room == 0 else fill[:room])
+                        self._freeze(view, b, fill if room == 0 else fill[:room], view.logits[b, f:])
                 if r.n_frozen == f:  # no progress: nothing allowed fits here
                     break
                 f = r.n_frozen
@@ -342,6 +351,8 @@ class ConstraintGuide:
         if self.close_on_budget:
             for b in rows:
                 steer_to_close(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window)
+        if self.lp is not None:
+            self.lp.ar_logits = logits
         self._timed(t0)
 
     def drain(self) -> None:
@@ -352,6 +363,8 @@ class ConstraintGuide:
         t0 = time.perf_counter()
         rows = self._ar_rows(active)
         for b in rows:
+            if self.lp is not None:
+                self.lp.record_ar(b, int(tokens[b]))
             self.rows[b].walker.commit([int(tokens[b])])
         nxt = tuple(b for b in rows if int(tokens[b]) not in self.rows[b].walker.stop_token_ids)
         if nxt:

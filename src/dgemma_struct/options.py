@@ -30,6 +30,7 @@ from dgemma_struct.prompts import MAX_SEED, MODES, check_max_new_tokens, check_s
 
 MAX_N = 64          # samples per request (``n``)
 MAX_REPAIRS = 100
+MAX_LOGPROBS = 20   # top alternatives per token (``logprobs``), as OpenAI's ``top_logprobs``
 WHITESPACE = ("compact", "model", "flexible")
 THINKING = (False, None, True, "optional")
 _FLAGS = ("return_details", "strict", "fallback", "progress", "repair_junk", "close_on_budget", "force_tokens",
@@ -60,6 +61,7 @@ class GenerateOptions:
     return_details: bool = False         # a GenerationResult instead of the value
     force_tokens: bool = True            # the guide writes grammar-forced tokens without a forward
     renoise_invalid: bool = False        # the guide renoises accepted positions past a violation
+    logprobs: int | None = None          # None: off; k: each token's logprob and its k top alternatives
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -79,6 +81,9 @@ class GenerateOptions:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_format(self.whitespace, self.separators)
+        k = self.logprobs
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k <= MAX_LOGPROBS):
+            raise InvalidRequestError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {k!r}")
         if self.thinking not in THINKING or not isinstance(self.thinking, (bool, str, type(None))):
             raise InvalidRequestError(f"thinking must be True, False or 'optional', got {self.thinking!r}")
         if self.n != 1 and self.thinking not in (False, None):

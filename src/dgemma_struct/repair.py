@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 from dgemma_struct.constraints import Constraint, ValidationIssue
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
 from dgemma_struct.guide import ConstraintGuide
+from dgemma_struct.logprobs import named
 from dgemma_struct.locate import char_to_token_index, error_char_offset, junk_paths, value_offsets
 from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
 from dgemma_struct.results import GenerationResult, GenerationStats
@@ -40,6 +41,7 @@ class Attempt:
     complete: bool           # the grammar accepted and a stop token was reached
     dead_end: bool
     stats: GenerationStats
+    logprobs: list | None = None   # with ``logprobs``: one entry per token (a kept prefix keeps its own)
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ def batch_guide(sessions: Sequence[RepairSession], walkers: list | None = None, 
                            pad_token_id=first.rt.pad_token_id or 0, progress=o.progress, force_tokens=o.force_tokens,
                            renoise_invalid=o.renoise_invalid, deadline=first.deadline,
                            budgets=budgets if budgets is not None else [o.max_new_tokens] * len(sessions),
-                           close_on_budget=o.close_on_budget, row_stop=row_stop)
+                           close_on_budget=o.close_on_budget, row_stop=row_stop, logprobs=o.logprobs,
+                           ar_temperature=o.temperature)
 
 
 class RepairSession:
@@ -113,6 +116,7 @@ class RepairSession:
         self.stats = GenerationStats(mode=options.mode, seed=seed)
         self.errors: list[str] = []
         self.least_junk: LeastJunk | None = None
+        self.kept_logprobs: list = []   # the entries of the kept prefix of the next attempt
 
     # -- one pass of the loop from a kept prefix ------------------------------------------------
     def guide_for(self, prefix: list[int]) -> ConstraintGuide:
@@ -133,14 +137,15 @@ class RepairSession:
         agg.mask_s += guide.mask_s / len(guide.rows)
         agg.forced_tokens += out.forced
         agg.budget_closing = agg.budget_closing or out.closing
-        return Attempt(tokens=out.tokens, complete=out.complete, dead_end=out.dead_end, stats=s)
+        lp = None if out.logprobs is None else self.kept_logprobs + out.logprobs
+        return Attempt(tokens=out.tokens, complete=out.complete, dead_end=out.dead_end, stats=s, logprobs=lp)
 
     def run(self, prefix: list[int], mode: str, attempt: int) -> Attempt:
         check_deadline(self.deadline)
         guide = self.guide_for(prefix)
         budget = self.opts.max_new_tokens - len(prefix)
         if budget <= 0:
-            return Attempt(prefix, False, False, GenerationStats())
+            return Attempt(prefix, False, False, GenerationStats(), logprobs=list(self.kept_logprobs))
         seed = offset_seed(self.seed, ATTEMPT_SEED_STRIDE * attempt)
         res = self.rt.generate_ids([self.prompt_ids + prefix], max_new_tokens=budget, seed=[seed], mode=mode,
                                    hook=guide, temperature=self.opts.temperature, top_p=self.opts.top_p)[0]
@@ -165,6 +170,7 @@ class RepairSession:
             if isinstance(verdict, Accept):
                 return self.finish(verdict, t0)
             prefix = verdict.prefix
+            self.kept_logprobs = (last.logprobs or [])[:len(prefix)]   # the prefix keeps its entries
         if o.fallback and o.mode == "diffusion":
             self.stats.fallback = True
             last = self.run(prefix, "ar", o.max_repairs + 1)
@@ -242,5 +248,7 @@ class RepairSession:
         s.other_s = max(0.0, s.wall_s - s.model_s)
         s.finish_reason = "stop"
         reasoning, text = split_reasoning(self.c, self.text_of(a.tokens))
+        if a.logprobs is not None and [e.token_id for e in a.logprobs] != a.tokens:
+            raise RuntimeError("logprob entries do not line up with the output tokens")
         return GenerationResult(text=text, token_ids=a.tokens, stats=s, value=verdict.outcome.value,
-                                reasoning=reasoning)
+                                reasoning=reasoning, logprobs=named(a.logprobs, self.rt.tokenizer))

@@ -38,22 +38,57 @@ class GenerationStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class TopLogprob:
+    """One alternative at an output position: a token id, its log-probability, its text and bytes."""
+
+    token_id: int
+    logprob: float
+    token: str = ""
+    bytes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The log-probability of one output token (``logprobs=`` knob; docs/server.md, "Logprobs").
+
+    ``logprob``: the natural log of the token's probability under the distribution it was chosen
+    from: the step's temperature-scaled logits at its position, restricted to the tokens the
+    constraint allows after the tokens before it (the mask), renormalised. A token the grammar
+    forced (one allowed choice, written without sampling) has ``forced=True`` and ``logprob`` 0.0.
+    ``top_logprobs``: the ``k`` most likely allowed tokens under that same distribution.
+    ``-inf`` is reported as ``-9999.0`` (JSON has no infinity). ``bytes``: the token's UTF-8 bytes
+    (a byte-fallback piece such as ``<0xE2>``: that byte, its ``token`` text being ``"\ufffd"``)."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()
+    token: str = ""
+    forced: bool = False
+    bytes: tuple[int, ...] = ()
+
+
 @dataclass
 class GenerationResult:
     """``text`` and ``token_ids`` are the generated continuation (prompt excluded, special
     tokens and padding removed from ``text``); ``value`` is set by the constrained API.
-    ``reasoning``: with ``thinking=``, the model's thought (never part of ``text`` or ``value``)."""
+    ``reasoning``: with ``thinking=``, the model's thought (never part of ``text`` or ``value``).
+    ``logprobs``: with ``logprobs=k``, one :class:`TokenLogprob` per entry of ``token_ids``."""
 
     text: str
     token_ids: list[int]
     stats: GenerationStats = field(default_factory=GenerationStats)
     value: Any = None
     reasoning: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         value = self.value.model_dump() if hasattr(self.value, "model_dump") else self.value
-        return {"text": self.text, "token_ids": self.token_ids, "value": value, "reasoning": self.reasoning,
-                "stats": self.stats.to_dict()}
+        out = {"text": self.text, "token_ids": self.token_ids, "value": value, "reasoning": self.reasoning,
+               "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [asdict(e) for e in self.logprobs]
+        return out
 
 
 @dataclass
@@ -75,3 +110,13 @@ class CanvasEvent:
     validated: bool = False
     finish_reason: str | None = None
     stats: GenerationStats | None = None
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    """``generate_choice(..., return_probabilities=True)``: the generated option (or its
+    :class:`GenerationResult` with ``return_details=True``) and every option's probability
+    (``{option: p}`` in the order given, summing to 1; see :mod:`dgemma_struct.choice_scores`)."""
+
+    value: Any
+    probabilities: dict[str, float]

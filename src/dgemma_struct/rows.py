@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from dgemma_struct.constraints import CanvasWalker
+    from dgemma_struct.results import TokenLogprob
 
 
 @dataclass(slots=True)
@@ -46,7 +47,8 @@ class RowState:
 @dataclass(frozen=True)
 class RowOutcome:
     """What a row produced: its tokens (a kept prefix included, stop tokens removed), whether a
-    stop token ended a complete output, and the guide's flags."""
+    stop token ended a complete output, and the guide's flags. ``logprobs`` (when recorded): one
+    entry per token this guide committed, stop tokens removed (a kept prefix has none here)."""
 
     tokens: list[int]
     complete: bool
@@ -54,3 +56,4 @@ class RowOutcome:
     forced: int
     closing: bool
     cut: bool = False
+    logprobs: list[TokenLogprob] | None = None

@@ -22,6 +22,7 @@ from dgemma_struct.autoregressive import autoregressive_loop
 from dgemma_struct.canvas import LoopOutput, diffusion_loop
 from dgemma_struct.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from dgemma_struct.hooks import StepHook
+from dgemma_struct.logprobs import MAX_TOP_LOGPROBS, FreeTextLogprobs, kept_entries, named
 # the request checks live in ``prompts``; re-exported here as the runtime's face (api and the server
 # import them from here)
 from dgemma_struct.prompts import (MAX_SEED, MAX_TEMPERATURE, MODES, ChatPrompt, Prompt,  # noqa: F401
@@ -197,8 +198,11 @@ class DiffusionRuntime:
                      seed: int | Sequence[int] | None = None, mode: str = "diffusion",
                      hook: StepHook | None = None, temperature: float | None = None, top_p: float = 1.0,
                      settings: DiffusionSettings | None = None, on_canvas=None,
-                     on_draft=None) -> list[GenerationResult]:
-        """Like :meth:`generate_batch` on already-encoded prompts (token ids, template applied)."""
+                     on_draft=None, logprobs: int | None = None) -> list[GenerationResult]:
+        """Like :meth:`generate_batch` on already-encoded prompts (token ids, template applied).
+        ``logprobs=k`` (no ``hook``): each result's ``logprobs`` holds one entry per token (the last
+        denoising step's distribution at its position; :mod:`dgemma_struct.logprobs`); the run then
+        has a recording hook, so every row draws from its own generator."""
         if mode not in MODES:
             raise InvalidRequestError(f"unknown mode {mode!r}; expected one of {MODES}")
         check_max_new_tokens(max_new_tokens)
@@ -208,6 +212,13 @@ class DiffusionRuntime:
         if settings is not None and not isinstance(settings, DiffusionSettings):
             raise InvalidRequestError(f"settings must be a DiffusionSettings, got {type(settings).__name__}")
         check_prompt_ids(encoded, self.model.config.text_config.vocab_size)
+        recorder = None
+        if logprobs is not None:
+            if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+                raise InvalidRequestError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}]")
+            if hook is not None:
+                raise InvalidRequestError("logprobs= records free text only; a guide records its own")
+            hook = recorder = FreeTextLogprobs(len(encoded), logprobs, temperature if mode == "ar" else None)
         per_row = hook is not None or isinstance(seed, (list, tuple))
         ids, mask = self._batch(encoded, max_new_tokens)
         with self.lock:
@@ -242,7 +253,12 @@ class DiffusionRuntime:
                 tokens_per_forward=(non_pad / passes) if passes else 0.0, canvases=out.canvases,
                 denoising_steps=out.steps, wall_s=wall, model_s=out.model_s, other_s=max(0.0, wall - out.model_s),
                 mask_s=out.hook_s, finish_reason=reason, seed=row_seeds[b])
-            results.append(GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=stats))
+            lp = None
+            if recorder is not None:
+                lp = named(kept_entries(recorder.rows[b], new[b].tolist(), self.pad_token_id, len(token_ids)),
+                           self.tokenizer)
+            results.append(GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=stats,
+                                            logprobs=lp))
         return results
 
     def stream(self, prompt: Prompt | None = None, *, prompt_ids: Sequence[int] | None = None,

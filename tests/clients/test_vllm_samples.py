@@ -131,13 +131,6 @@ def test_vllm_json_object_n2(oai, model_id):
 
 
 # ------------------------------------------------------------------ regex, choice, grammars
-ASCII_DIGITS_XFAIL = pytest.mark.xfail(strict=True, reason=(
-    "server: the regex's \\d matches any Unicode decimal digit (llguidance's Unicode \\d), e.g. "
-    "'169.\\U0001e4f5.5\\u0663.\\u0661' for vLLM's IPv4 sample; xgrammar (vLLM), Outlines and ECMA-262 read \\d as "
-    "[0-9] - the server should compile \\d (and \\w, \\s) with ASCII semantics, or document the difference"))
-
-
-@ASCII_DIGITS_XFAIL
 def test_vllm_regex_guided_regex_n3(oai, model_id):
     regex = vllm_text("sample_regex.txt")
     resp = _chat(oai, model_id, f"Give an example IPv4 address with this regex: {regex}", max_tokens=20, n=3,
@@ -146,7 +139,6 @@ def test_vllm_regex_guided_regex_n3(oai, model_id):
         assert re.fullmatch(regex, text, re.ASCII), text
 
 
-@ASCII_DIGITS_XFAIL
 def test_vllm_regex_completions_structured_outputs(oai, model_id):
     """/v1/completions, vLLM's completion-test shape: several prompts x n."""
     regex = vllm_text("sample_regex.txt")

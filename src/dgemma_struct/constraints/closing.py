@@ -27,26 +27,13 @@ import numpy as np
 from dgemma_struct.errors import ConstraintEngineError
 
 from .bitmask_np import allowed_among, bitmask_to_bool
+from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS, _byte_representatives,  # noqa: F401
+                             _json_string_state, _run_shape, _search_closing, _segment_punct, _stepwise_closing)
 from .safety import clip, engine_guard
 
-__all__ = ["closing_plan", "closing_candidates", "closer_ids", "greedy_fill", "CLOSING_BEAM", "CLOSING_EXAMINE",
+__all__ = ["closing_plan", "plan_still_closes", "closing_candidates", "closer_ids", "greedy_fill", "CLOSING_BEAM", "CLOSING_EXAMINE",
            "CLOSING_EXTRA_LEVELS"]
 
-CLOSING_BEAM = 32  # distinct states kept per search level
-CLOSING_EXAMINE = 128  # children examined per search level
-CLOSING_EXTRA_LEVELS = 3  # levels searched past the first completion (for a valid one)
-
-
-def _json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool]:
-    """Whether a JSON text that starts in state (in_str, esc) ends inside a string literal."""
-    for ch in text:
-        if esc:
-            esc = False
-        elif in_str and ch == 0x5C:  # backslash
-            esc = True
-        elif ch == 0x22:  # quote
-            in_str = not in_str
-    return in_str, esc
 
 
 def _has_format(schema: Any) -> bool:
@@ -60,32 +47,6 @@ def _has_format(schema: Any) -> bool:
         elif isinstance(x, list):
             stack.extend(x)
     return False
-
-
-_REP_ORDER = b"10aA"
-
-
-def _segment_punct(pb: bytes) -> bytes:
-    """The distinct punctuation bytes written since the plan's last quote (the current string or
-    lexeme): what tells apart regex states whose masks are equal."""
-    seg = pb[pb.rfind(b'"') + 1:]
-    return bytes(sorted({ch for ch in seg if not chr(ch).isalnum()}))
-
-
-def _byte_representatives(byte_ids: np.ndarray, byte_values: bytes, grammar: str = "") -> np.ndarray:
-    """Single-byte candidate tokens for the closing search: ``1``, ``0``, ``a``, ``A`` for the digit /
-    letter classes (``1`` first: ``1111-11-11`` is a real date, ``0000-00-00`` is not), then every
-    printable punctuation byte -- those the grammar text mentions (a pattern's ``@`` and ``.``) first."""
-    by = {b: int(t) for t, b in zip(np.asarray(byte_ids).tolist(), byte_values)}
-    punct = [b for b in sorted(by) if 0x20 <= b < 0x7F and not chr(b).isalnum()]
-    mentioned = set(grammar.encode("utf-8", "replace")) - set(b'{}[]":,\\')
-    # one alphanumeric first, the rest after the mentioned punctuation: states that differ only in
-    # alphanumerics are merged, so they would spend the level's budget for nothing
-    order = _REP_ORDER[:1] + bytes(b for b in punct if b in mentioned) + _REP_ORDER[1:] + \
-        bytes(b for b in punct if b not in mentioned)
-    out = [by[b] for b in order if b in by]
-    out += [by[b] for b in (0x0A, 0x09) if b in by]
-    return np.asarray(out, dtype=np.int64)
 
 
 _CANDIDATES: dict[tuple, tuple] = {}
@@ -157,13 +118,29 @@ def closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, ma
         greedy = _greedy_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
         if greedy is not None and _completion_valid(walker, greedy):
             return greedy
+        step = _stepwise_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+        if step is not None and _completion_valid(walker, step):
+            return step
         found = _search_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
-    if not found:
-        return greedy
     for plan in found:
         if _completion_valid(walker, plan):
             return plan
-    return greedy if greedy is not None and len(greedy) <= len(found[0]) else found[0]
+    plans = [p for p in (greedy, step, *found[:1]) if p is not None]
+    return min(plans, key=len) if plans else None
+
+
+def plan_still_closes(walker: Any, plan: list[int]) -> bool:
+    """Whether ``plan`` (an earlier closing plan) still completes ``walker``'s frozen state: the
+    grammar takes it and then allows a stop token, and the completion passes validation. The guide
+    reuses such a plan instead of searching again after every commit (a free string's ``"...`` stays
+    a completion however long the string grows)."""
+    if walker.eos_committed:
+        return not plan
+    with engine_guard("checking a closing plan"):
+        m = walker.frozen_matcher()
+        if m.validate_tokens(plan) != len(plan) or not m.consume_tokens(plan):
+            return False
+        return walker.allows_stop(walker.mask_of(m)) and _completion_valid(walker, plan)
 
 
 def _completion_valid(walker: Any, plan: list[int]) -> bool:
@@ -179,77 +156,6 @@ def _completion_valid(walker: Any, plan: list[int]) -> bool:
         return not c.validator.schema_issues(value)
     except Exception:  # noqa: BLE001 - not parseable / validator failure: not known valid
         return False
-
-
-def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
-                    byte_ids: np.ndarray, byte_values: bytes) -> list[list[int]]:
-    """Completions (plans) found by a bounded breadth-first search, shortest first.
-
-    States of one level whose masks are identical are taken as one automaton state (inside a regex
-    lexeme every ``\\S`` byte leads to the same state), so a level holds at most :data:`CLOSING_BEAM`
-    distinct states and examines at most :data:`CLOSING_EXAMINE` children; children of different
-    states are interleaved so that no state fills the level."""
-    c = walker.constraint
-    tok = c.tokenizer_info.lltok
-    reps = _byte_representatives(byte_ids, byte_values, c.grammar)
-    quote_ids = np.asarray(quote_ids, dtype=np.int64)
-    closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
-    is_json = c.kind == "json"
-    in_str0 = _json_string_state(tok.decode_bytes(walker.frozen_tokens), False, False) if is_json else (False, False)
-    # a node: (matcher or None, parent matcher, plan, plan bytes); children are materialised lazily
-    level: list[tuple] = [(walker.frozen_matcher(), None, [], b"")]
-    found: list[list[int]] = []
-    stop_depth = None
-    for depth in range(max_n + 1):
-        groups: list[list[tuple]] = []
-        seen_masks: set[bytes] = set()
-        seen_bytes: set[bytes] = set()
-        examined = 0
-        for m, parent, plan, pb in level:
-            if examined >= CLOSING_EXAMINE or len(seen_masks) >= CLOSING_BEAM:
-                break
-            if pb in seen_bytes:
-                continue
-            seen_bytes.add(pb)
-            examined += 1
-            if m is None:
-                m = parent.deep_copy()
-                if not m.consume_token(plan[-1]):
-                    continue
-            row = walker.mask_of(m)
-            if walker.allows_stop(row):
-                found.append(plan)
-                stop_depth = depth if stop_depth is None else stop_depth
-                if len(found) >= 8:
-                    return found
-                continue
-            in_str = _json_string_state(pb, *in_str0) if is_json else (False, False)
-            # equal masks are not equal states (every \\S byte is allowed before and after the '@'
-            # of an email pattern): the key adds the punctuation used and the string state
-            key = (row.tobytes(), _segment_punct(pb), in_str)
-            if key in seen_masks:
-                continue
-            seen_masks.add(key)
-            if len(plan) >= max_n or m.is_stopped():
-                continue
-            ff = list(m.compute_ff_tokens())[: max_n - len(plan)]
-            if ff:
-                if m.consume_tokens(ff):
-                    groups.append([(m, None, plan + ff, pb + tok.decode_bytes(ff))])
-                continue
-            ids = quote_ids if in_str[0] else closers
-            cand = [int(ids[k]) for k in allowed_among(row, ids)[:3]]
-            ok = allowed_among(row, reps)
-            # bytes the plan has used least first: writing '-' forever never closes anything
-            cand += sorted((int(reps[k]) for k in ok), key=lambda t: pb.count(tok.decode_bytes([t])))
-            groups.append([(None, m, plan + [t], pb + tok.decode_bytes([t])) for t in dict.fromkeys(cand)])
-        if stop_depth is not None and depth >= stop_depth + CLOSING_EXTRA_LEVELS:
-            break
-        # interleaved: the first child of every state, then the second ..., so no state fills the level
-        level = [g[k] for k in range(max((len(g) for g in groups), default=0)) for g in groups if k < len(g)]
-        if not level:
-            break
-    return sorted(found, key=len)
 
 
 def _greedy_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,

@@ -15,6 +15,7 @@ import llguidance as llg
 from dgemma_struct.errors import ChoiceError, ConstraintCompileTimeout, GrammarError, RegexError
 
 from .constraint import ChoiceValidator, Constraint, ConstraintKind
+from .regex_ascii import ascii_classes
 from .safety import MAX_SPEC_BYTES, clip, engine_guard, is_limit_error, parser_limits
 from .specs import Choice, Grammar
 from .tokenizer import TokenizerInfo
@@ -42,6 +43,8 @@ def builtin_grammars() -> dict[str, Path]:
 
 
 def compile_regex(pattern: str, info: TokenizerInfo) -> Constraint:
+    """A regex (Rust ``regex`` syntax, whole output must match); ``\\d \\w \\s`` and their negations
+    are ASCII classes (:func:`~.regex_ascii.ascii_classes`), the rest is Rust's Unicode-aware syntax."""
     if not isinstance(pattern, str):
         raise RegexError(f"a regex must be a string, not {type(pattern).__name__}")
     if len(pattern.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
@@ -49,7 +52,8 @@ def compile_regex(pattern: str, info: TokenizerInfo) -> Constraint:
     if "\x00" in pattern:
         raise RegexError("regex contains a NUL character")
     with engine_guard("compiling a regex"):
-        g = llg.LLMatcher.grammar_from_regex(pattern)
+        # \d \w \s (and negations) as vLLM / xgrammar, Outlines and ECMA-262 read them: ASCII
+        g = llg.LLMatcher.grammar_from_regex(ascii_classes(pattern))
         m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
         err = m.get_error() if m.is_error() else ""
     if err:

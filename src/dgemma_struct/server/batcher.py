@@ -124,13 +124,14 @@ class Batcher:
     async def submit(self, prompt: Any, spec: Any, *, max_new_tokens: int, seed: int | None = 0,
                      timeout_s: float = 60.0, temperature: float | None = None,
                      top_p: float | None = None, thinking: Any = False,
-                     max_thinking_tokens: int | None = None) -> GenerationResult:
+                     max_thinking_tokens: int | None = None, logprobs: int | None = None) -> GenerationResult:
         """Queue one request and wait for its result; raises the row's typed error,
         :class:`QueueFull`, or :class:`GenerationTimeout` (``timeout_s`` after it started running,
-        or when it waited longer than ``queue_timeout_s`` in the queue)."""
+        or when it waited longer than ``queue_timeout_s`` in the queue). ``logprobs=k``: the result
+        carries each token's logprob and ``k`` alternatives."""
         job = self._job(prompt, spec, max_new_tokens, seed, timeout_s, temperature, top_p,
                         future=asyncio.get_running_loop().create_future(), thinking=thinking,
-                        max_thinking_tokens=max_thinking_tokens)
+                        max_thinking_tokens=max_thinking_tokens, logprobs=logprobs)
         self._enqueue(job)
         try:
             waiter = asyncio.ensure_future(self._wait_started(job, timeout_s))
@@ -215,7 +216,8 @@ class Batcher:
                 groups: dict[tuple, list[Job]] = {}
                 per_row = per_row_seeds(self.runtime)
                 for j in rows:
-                    key = (j.max_new_tokens, j.spec is None, j.sampling, j.thinking, j.max_thinking_tokens) + (
+                    key = (j.max_new_tokens, j.spec is None, j.sampling, j.thinking, j.max_thinking_tokens,
+                           j.logprobs) + (
                         () if per_row else (j.seed,))
                     groups.setdefault(key, []).append(j)
                 for group in groups.values():

@@ -16,7 +16,8 @@ from dgemma_struct.errors import DgemmaStructError, LengthError
 from dgemma_struct.grounding import prompt_with_sources
 
 from .errors import APIError, api_error_for
-from .protocol import apply_stop, check_text, spec_of, stops_of, thinking_of
+from .logprobs import chat_logprobs, completion_logprobs, cut_to
+from .protocol import apply_stop, check_text, logprobs_of, spec_of, stops_of, thinking_of
 from .responses import (ChatChoice, ChatCompletion, AssistantMessage, Completion, CompletionChoice, Usage,
                         json_response)
 from .state import ServerState
@@ -94,6 +95,7 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
               tool_req: Any = None) -> Any:
     """Answer a chat (``chat=True``) or text completion request for ``prompts``: a JSON response,
     an SSE stream, or 499 when the client went away. Bad requests raise :class:`APIError`."""
+    top = logprobs_of(req, chat=chat)
     max_tokens = state.check(req)
     n = req.n or 1
     for p in prompts:
@@ -107,6 +109,9 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     if use_tools and thinking is not False:
         raise APIError(400, "thinking together with tool calls is not supported yet", param=think_param,
                        code="unsupported_parameter")
+    if top is not None and (use_tools or thinking is not False):
+        raise APIError(400, "logprobs together with " + ("tool calls" if use_tools else "thinking") +
+                       " are not supported yet", param="logprobs", code="unsupported_parameter")
     if thinking is not False:
         state.check_thinking(think_param)
         if spec is None:                     # free text after the thought (stop sequences still apply)
@@ -140,7 +145,8 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     seed = None if req.seed is None else int(req.seed) % (2 ** 63)
     sampling = {"temperature": req.temperature, "top_p": req.top_p}
     think = {"thinking": thinking, "max_thinking_tokens": req.max_thinking_tokens} if thinking is not False else {}
-    if req.stream and state.config.stream_live and not use_tools and not think and grounded is None:
+    lp = {"logprobs": top} if top is not None else {}
+    if req.stream and state.config.stream_live and not use_tools and not think and grounded is None and not lp:
         if len(prompts) != 1 or n != 1:
             raise APIError(400, "live streaming takes one prompt and n=1", param="n",
                            code="unsupported_parameter")
@@ -148,7 +154,7 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
                                  sampling, chat=chat)
     coros = [state.batcher.submit(p, c, max_new_tokens=max_tokens,
                                   seed=None if seed is None else (seed + j) % (2 ** 63),
-                                  timeout_s=state.config.request_timeout_s, **sampling, **think)
+                                  timeout_s=state.config.request_timeout_s, **sampling, **think, **lp)
              for p, c in zip(prompts, specs) for j in range(n)]
     try:
         results = await _gather(coros, request, param)
@@ -157,6 +163,7 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     if use_tools:
         return _tool_answer(state, req, results, tool_req, prompt_total=sum(n_prompt) * n)
     rows = [_row(state, r, stops) for r in results]
+    entries = [_entries(r, row[0]) for r, row in zip(results, rows)] if lp else None
     # extensions on each choice: the thought (vLLM's reasoning_content) and the grounded spans
     row_specs = [c for c in specs for _ in range(n)]
     extras: list[dict[str, Any]] = []
@@ -170,13 +177,26 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     prompt_total = sum(n_prompt) * n
     if req.stream:
-        return stream_validated(state, req, rid, rows, prompt_total, chat=chat, extras=extras)
+        return stream_validated(state, req, rid, rows, prompt_total, chat=chat, extras=extras, entries=entries)
+    if entries is not None:
+        for extra, ents in zip(extras, entries):
+            extra["logprobs"] = None if ents is None else chat_logprobs(ents) if chat else completion_logprobs(ents)
     return json_response(_body(state, rid, rows, extras, prompt_total, chat=chat))
+
+
+def _entries(r: Any, text: str) -> list | None:
+    """A row's logprob entries, cut like its text at a stop sequence (``None`` for a length error:
+    its partial text has none)."""
+    ents = getattr(r, "logprobs", None)
+    if ents is None or isinstance(r, BaseException):
+        return None
+    return ents if text == r.text else cut_to(ents, text)
 
 
 def _body(state: ServerState, rid: str, rows: list[tuple], extras: list[dict[str, Any]], prompt_total: int, *,
           chat: bool) -> ChatCompletion | Completion:
-    """The ``chat.completion`` / ``text_completion`` body of the rows."""
+    """The ``chat.completion`` / ``text_completion`` body of the rows (``extras``: fields of each
+    choice; the thought goes on the message)."""
     usage = Usage.of(prompt_total, sum(r[2] for r in rows))
     stats = [r[3] for r in rows]
     head = dict(id=rid, created=int(time.time()), model=state.model_id, usage=usage,

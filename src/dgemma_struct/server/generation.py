@@ -58,6 +58,8 @@ def gen_kwargs(job: Job) -> dict[str, Any]:
         kw["thinking"] = job.thinking     # generate_batch takes it (the server checked)
         if job.max_thinking_tokens is not None:
             kw["max_thinking_tokens"] = job.max_thinking_tokens
+    if job.logprobs is not None:
+        kw["logprobs"] = job.logprobs     # a GenerateOptions knob
     return kw
 
 
@@ -99,10 +101,14 @@ def free_text_rows(rt: DiffusionRuntime, group: list[Job], seed: Any) -> list[An
                 f = max(temp, 0.01)
                 kw["settings"] = dataclasses.replace(rt.settings, t_min=rt.settings.t_min * f,
                                                      t_max=rt.settings.t_max * f)
+        if first.logprobs is not None:
+            kw["logprobs"] = first.logprobs
         res = rt.generate_ids([ids for _, ids in encoded], max_new_tokens=first.max_new_tokens, seed=seed, **kw)
         for (i, _), r in zip(encoded, res):
             if len(r.token_ids) > first.max_new_tokens:
                 r.token_ids = r.token_ids[:first.max_new_tokens]
+                if r.logprobs is not None:
+                    r.logprobs = r.logprobs[:first.max_new_tokens]
                 r.text = rt.decode(r.token_ids)
                 r.stats.finish_reason = "length"
             r.value = r.text

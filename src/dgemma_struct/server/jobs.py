@@ -32,6 +32,7 @@ class Job:
     started: float | None = None
     thinking: Any = False           # False, True (thought block required) or "optional"
     max_thinking_tokens: int | None = None
+    logprobs: int | None = None     # None: off; k: each token's logprob and k top alternatives
 
     def start(self) -> None:
         """The worker starts running this job: its run deadline begins now."""

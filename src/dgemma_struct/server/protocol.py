@@ -78,6 +78,7 @@ class _Common(_Open):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
     tools: Optional[list[dict[str, Any]]] = None
 
 
@@ -85,6 +86,29 @@ class CompletionRequest(_Common):
     prompt: Union[str, list[str]]
     echo: Optional[bool] = None
     logprobs: Optional[int] = None
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def logprobs_of(req: _Common, *, chat: bool) -> int | None:
+    """How many top alternatives per token the request asks for (``None``: no logprobs). Chat:
+    ``logprobs: true`` with ``top_logprobs`` 0..20 (``top_logprobs`` without ``logprobs`` is a 400,
+    as OpenAI answers it); completions: ``logprobs`` 0..20 (OpenAI's legacy field)."""
+    if chat:
+        top, on = getattr(req, "top_logprobs", None), getattr(req, "logprobs", None)
+        if top is not None and not on:
+            raise APIError(400, "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' "
+                                "is set", param="top_logprobs", code="invalid_value")
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"Invalid 'top_logprobs': expected an integer from 0 to {MAX_TOP_LOGPROBS}, got {top}",
+                           param="top_logprobs", code="invalid_value")
+        return (top or 0) if on else None
+    k = getattr(req, "logprobs", None)
+    if k is not None and (isinstance(k, bool) or not 0 <= k <= MAX_TOP_LOGPROBS):
+        raise APIError(400, f"Invalid 'logprobs': expected an integer from 0 to {MAX_TOP_LOGPROBS}, got {k}",
+                       param="logprobs", code="invalid_value")
+    return k
 
 
 def _schema_arg(value: Any, param: str) -> Any:

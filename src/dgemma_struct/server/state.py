@@ -172,8 +172,8 @@ class ServerState:
         if (req.n or 1) > self.config.max_n:
             raise APIError(400, f"n={req.n} exceeds this server's limit of {self.config.max_n}", param="n",
                            code="n_too_large")
-        if getattr(req, "logprobs", None) or getattr(req, "echo", None):
-            raise APIError(400, "logprobs/echo are not supported", param="logprobs", code="unsupported_parameter")
+        if getattr(req, "echo", None):
+            raise APIError(400, "echo is not supported", param="echo", code="unsupported_parameter")
         max_tokens = req.max_completion_tokens or req.max_tokens or self.config.default_max_tokens
         if max_tokens > self.config.max_tokens_cap:
             raise APIError(400, f"max_tokens={max_tokens} exceeds this server's limit of {self.config.max_tokens_cap}",

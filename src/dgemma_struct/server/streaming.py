@@ -14,6 +14,7 @@ from fastapi.responses import StreamingResponse
 from dgemma_struct.errors import LengthError
 
 from .errors import APIError, api_error_for
+from .logprobs import chat_logprobs, completion_logprobs, delta_groups
 from .protocol import apply_stop
 from .responses import (ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, CompletionChunkChoice,
                         StreamError, Usage)
@@ -72,11 +73,22 @@ def _include_usage(req: Any) -> bool:
     return bool((req.stream_options or {}).get("include_usage"))
 
 
+def _deltas(text: str, ents: list | None, chat: bool) -> list[tuple[str, dict | None]]:
+    """``(delta text, choice extra)`` pairs of one row: plain ``DELTA_CHARS`` slices, or with
+    logprob entries, slices at token boundaries carrying the entries of their tokens."""
+    if ents is None:
+        return [(text[k:k + DELTA_CHARS], None) for k in range(0, len(text), DELTA_CHARS)]
+    return [(piece, {"logprobs": chat_logprobs(group) if chat else completion_logprobs(group, base=at)})
+            for piece, group, at in delta_groups(ents, text, DELTA_CHARS)]
+
+
 def stream_validated(state: ServerState, req: Any, rid: str, rows: list[tuple], n_prompt: int, *,
-                     chat: bool, extras: list[dict] | None = None) -> StreamingResponse:
+                     chat: bool, extras: list[dict] | None = None,
+                     entries: list[list | None] | None = None) -> StreamingResponse:
     """The default stream: the rows ran (and were validated and repaired) exactly as without
     streaming, then their text goes out as deltas. A stream therefore never diverges from
-    what was sent, and every failure is a plain HTTP error before the stream starts."""
+    what was sent, and every failure is a plain HTTP error before the stream starts.
+    ``entries``: per row, its logprob entries (each delta then carries those of its tokens)."""
     chunker = Chunker(rid, state.model_id, chat)
     chunk = chunker.chunk
     include_usage = _include_usage(req)
@@ -89,8 +101,8 @@ def stream_validated(state: ServerState, req: Any, rid: str, rows: list[tuple], 
                 yield chunk("", None, index=i, role=True)
             for k in range(0, len(thought), DELTA_CHARS):   # the thought first, as vLLM streams it
                 yield chunk(None if chat else "", None, index=i, reasoning=thought[k:k + DELTA_CHARS])
-            for k in range(0, len(text), DELTA_CHARS):
-                yield chunk(text[k:k + DELTA_CHARS], None, index=i)
+            for piece, more in _deltas(text, entries[i] if entries is not None else None, chat):
+                yield chunk(piece, None, index=i, choice_extra=more)
             yield chunk(None if chat else "", finish, index=i, choice_extra=extra or None)
         if include_usage:
             yield chunker.usage(n_prompt, sum(r[2] for r in rows))

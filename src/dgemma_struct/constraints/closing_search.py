@@ -1,0 +1,253 @@
+"""The closing searches behind :func:`~.closing.closing_plan` (kept apart from the greedy walks).
+
+:func:`_stepwise_closing` walks the structure greedily (forced tokens, closers) and, where no closer
+is allowed yet (inside a lexeme with a pattern, a number, a key to write), runs a small exhaustive
+breadth-first search (:func:`_local_search`) for the shortest way to the next point where one is:
+a closer allowed, a forced continuation, or a stop token. :func:`_search_closing` is the older
+global beam search, kept for completions that must pass validation (formats).
+
+>>> _run_shape(b'x.1a')
+b'1a'
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .bitmask_np import allowed_among, bitmask_to_bool
+
+CLOSING_BEAM = 32  # distinct states kept per search level
+CLOSING_EXAMINE = 128  # children examined per search level
+CLOSING_EXTRA_LEVELS = 3  # levels searched past the first completion (for a valid one)
+
+
+def _json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool]:
+    """Whether a JSON text that starts in state (in_str, esc) ends inside a string literal."""
+    for ch in text:
+        if esc:
+            esc = False
+        elif in_str and ch == 0x5C:  # backslash
+            esc = True
+        elif ch == 0x22:  # quote
+            in_str = not in_str
+    return in_str, esc
+
+
+_REP_ORDER = b"10aA"
+
+
+def _segment_punct(pb: bytes) -> bytes:
+    """The distinct punctuation bytes written since the plan's last quote (the current string or
+    lexeme): what tells apart regex states whose masks are equal."""
+    seg = pb[pb.rfind(b'"') + 1:]
+    return bytes(sorted({ch for ch in seg if not chr(ch).isalnum()}))
+
+
+def _run_shape(pb: bytes, keep: int = 3) -> bytes:
+    """The classes (``1`` digit, ``a`` lower, ``A`` upper, ``u`` other) of the last ``keep`` bytes
+    of the plan's trailing alphanumeric run: states with equal masks whose runs differ in class are
+    different regex states (after ``.`` an email TLD needs two *letters*: ``.1`` and ``.a`` differ).
+
+    >>> _run_shape(b'x.1a')
+    b'1a'
+    """
+    i = len(pb)
+    while i > 0 and (chr(pb[i - 1]).isalnum() or pb[i - 1] >= 0x80):
+        i -= 1
+    run = pb[max(i, len(pb) - keep):]
+    return bytes(0x31 if 0x30 <= ch <= 0x39 else 0x61 if 0x61 <= ch <= 0x7A else 0x41 if 0x41 <= ch <= 0x5A
+                 else 0x75 for ch in run)
+
+
+def _byte_representatives(byte_ids: np.ndarray, byte_values: bytes, grammar: str = "") -> np.ndarray:
+    """Single-byte candidate tokens for the closing search: ``1``, ``0``, ``a``, ``A`` for the digit /
+    letter classes (``1`` first: ``1111-11-11`` is a real date, ``0000-00-00`` is not), then every
+    printable punctuation byte -- those the grammar text mentions (a pattern's ``@`` and ``.``) first."""
+    by = {b: int(t) for t, b in zip(np.asarray(byte_ids).tolist(), byte_values)}
+    punct = [b for b in sorted(by) if 0x20 <= b < 0x7F and not chr(b).isalnum()]
+    mentioned = set(grammar.encode("utf-8", "replace")) - set(b'{}[]":,\\')
+    # one alphanumeric first, the rest after the mentioned punctuation: states that differ only in
+    # alphanumerics are merged, so they would spend the level's budget for nothing
+    order = _REP_ORDER[:1] + bytes(b for b in punct if b in mentioned) + _REP_ORDER[1:] + \
+        bytes(b for b in punct if b not in mentioned)
+    out = [by[b] for b in order if b in by]
+    out += [by[b] for b in (0x0A, 0x09) if b in by]
+    return np.asarray(out, dtype=np.int64)
+
+
+def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                    byte_ids: np.ndarray, byte_values: bytes) -> list[list[int]]:
+    """Completions (plans) found by a bounded breadth-first search, shortest first.
+
+    States of one level whose masks are identical are taken as one automaton state (inside a regex
+    lexeme every ``\\S`` byte leads to the same state), so a level holds at most :data:`CLOSING_BEAM`
+    distinct states and examines at most :data:`CLOSING_EXAMINE` children; children of different
+    states are interleaved so that no state fills the level."""
+    c = walker.constraint
+    tok = c.tokenizer_info.lltok
+    reps = _byte_representatives(byte_ids, byte_values, c.grammar)
+    quote_ids = np.asarray(quote_ids, dtype=np.int64)
+    closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
+    is_json = c.kind == "json"
+    in_str0 = _json_string_state(tok.decode_bytes(walker.frozen_tokens), False, False) if is_json else (False, False)
+    # a node: (matcher or None, parent matcher, plan, plan bytes); children are materialised lazily
+    level: list[tuple] = [(walker.frozen_matcher(), None, [], b"")]
+    found: list[list[int]] = []
+    stop_depth = None
+    for depth in range(max_n + 1):
+        groups: list[list[tuple]] = []
+        seen_masks: set[bytes] = set()
+        seen_bytes: set[bytes] = set()
+        examined = 0
+        for m, parent, plan, pb in level:
+            if examined >= CLOSING_EXAMINE or len(seen_masks) >= CLOSING_BEAM:
+                break
+            if pb in seen_bytes:
+                continue
+            seen_bytes.add(pb)
+            examined += 1
+            if m is None:
+                m = parent.deep_copy()
+                if not m.consume_token(plan[-1]):
+                    continue
+            row = walker.mask_of(m)
+            if walker.allows_stop(row):
+                found.append(plan)
+                stop_depth = depth if stop_depth is None else stop_depth
+                if len(found) >= 8:
+                    return found
+                continue
+            in_str = _json_string_state(pb, *in_str0) if is_json else (False, False)
+            # equal masks are not equal states (every \\S byte is allowed before and after the '@'
+            # of an email pattern): the key adds the punctuation used and the string state
+            key = (row.tobytes(), _segment_punct(pb), _run_shape(pb), in_str)
+            if key in seen_masks:
+                continue
+            seen_masks.add(key)
+            if len(plan) >= max_n or m.is_stopped():
+                continue
+            ff = list(m.compute_ff_tokens())[: max_n - len(plan)]
+            if ff:
+                if m.consume_tokens(ff):
+                    groups.append([(m, None, plan + ff, pb + tok.decode_bytes(ff))])
+                continue
+            ids = quote_ids if in_str[0] else closers
+            cand = [int(ids[k]) for k in allowed_among(row, ids)[:3]]
+            ok = allowed_among(row, reps)
+            # bytes the plan has used least first: writing '-' forever never closes anything
+            cand += sorted((int(reps[k]) for k in ok), key=lambda t: pb.count(tok.decode_bytes([t])))
+            groups.append([(None, m, plan + [t], pb + tok.decode_bytes([t])) for t in dict.fromkeys(cand)])
+        if stop_depth is not None and depth >= stop_depth + CLOSING_EXTRA_LEVELS:
+            break
+        # interleaved: the first child of every state, then the second ..., so no state fills the level
+        level = [g[k] for k in range(max((len(g) for g in groups), default=0)) for g in groups if k < len(g)]
+        if not level:
+            break
+    return sorted(found, key=len)
+
+
+
+
+LOCAL_NODES = 4000  # children created by one local search at most (each: a matcher copy and a mask)
+
+
+def _class_candidates(row: np.ndarray, reps: np.ndarray, byte_ids: np.ndarray, byte_values: bytes) -> list[int]:
+    """The single-byte candidates of one node: the representatives the mask allows, then, for each
+    of the classes digit / lower / upper that no allowed representative stands for, its first
+    allowed byte (``[A-D]`` allows ``A`` but ``(foo|bar)`` allows neither ``a`` nor ``A``)."""
+    ok = set(int(reps[k]) for k in allowed_among(row, reps))
+    out = [int(t) for t in reps if int(t) in ok]
+    have = {_run_shape(bytes([byte_values[i]]))
+            for i in range(len(byte_values)) if int(byte_ids[i]) in ok}
+    for i in allowed_among(row, byte_ids):
+        b = byte_values[i]
+        if chr(b).isalnum() and b < 0x80:
+            cls = _run_shape(bytes([b]))
+            if cls not in have:
+                have.add(cls)
+                out.append(int(byte_ids[i]))
+    return out
+
+
+def _local_search(walker: Any, m0: Any, in_str0: tuple[bool, bool], limit: int, closers: np.ndarray,
+                  quote_ids: np.ndarray, reps: np.ndarray, byte_ids: np.ndarray, byte_values: bytes) -> list[int] | None:
+    """The shortest run of candidate tokens (at most ``limit``) from matcher ``m0`` after which a
+    stop token or a closer is allowed, or the grammar forces a continuation; None if none is found
+    within :data:`LOCAL_NODES` children. Children whose mask, punctuation used, trailing run shape
+    and string state are equal are taken as one state."""
+    tok = walker.constraint.tokenizer_info.lltok
+    is_json = walker.constraint.kind == "json"
+    row0 = walker.mask_of(m0).copy()
+    level = [(m0, row0, [], b"")]
+    seen: set = set()
+    made = 0
+    for _ in range(limit):
+        nxt = []
+        for m, row, path, pb in level:
+            cand = _class_candidates(row, reps, byte_ids, byte_values)
+            if not cand:  # nothing among the candidates: the lowest allowed id
+                allowed = np.flatnonzero(bitmask_to_bool(row[None, :], walker.vocab_size)[0])
+                cand = [int(allowed[0])] if allowed.size else []
+            for t in cand:
+                c = m.deep_copy()
+                if not c.consume_token(t):
+                    continue
+                made += 1
+                b = pb + tok.decode_bytes([t])
+                crow = walker.mask_of(c).copy()
+                in_str = _json_string_state(b, *in_str0) if is_json else (False, False)
+                ids = quote_ids if in_str[0] else closers
+                if walker.allows_stop(crow) or (ids.size and allowed_among(crow, ids).size) or \
+                        (not c.is_stopped() and list(c.compute_ff_tokens())):
+                    return path + [t]
+                key = (crow.tobytes(), _segment_punct(b), _run_shape(b), in_str)
+                if key not in seen and not c.is_stopped():
+                    seen.add(key)
+                    nxt.append((c, crow, path + [t], b))
+                if made >= LOCAL_NODES:
+                    return None
+        level = nxt
+        if not level:
+            return None
+    return None
+
+
+def _stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                      byte_ids: np.ndarray, byte_values: bytes) -> list[int] | None:
+    """A completion of at most ``max_n`` tokens from the frozen state (the stop token not included),
+    or None: forced tokens, else an allowed closer (as the greedy walk picks them), else the
+    shortest local run to the next closer (:func:`_local_search`)."""
+    c = walker.constraint
+    tok = c.tokenizer_info.lltok
+    is_json = c.kind == "json"
+    reps = _byte_representatives(byte_ids, byte_values, c.grammar)
+    quote_ids = np.asarray(quote_ids, dtype=np.int64)
+    closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
+    state = _json_string_state(tok.decode_bytes(walker.frozen_tokens), False, False) if is_json else (False, False)
+    m = walker.frozen_matcher()
+    plan: list[int] = []
+    while len(plan) <= max_n:
+        row = walker.mask_of(m)
+        if walker.allows_stop(row):
+            return plan
+        if m.is_stopped():
+            return None
+        picks = list(m.compute_ff_tokens())
+        if not picks:
+            for ids in ((quote_ids,) if state[0] else (bracket_ids, quote_ids[::-1])):
+                ok = allowed_among(row, ids) if ids.size else ()
+                if len(ok):
+                    picks = [int(ids[ok[0]])]
+                    break
+        if not picks:
+            picks = _local_search(walker, m, state, max_n - len(plan), closers, quote_ids, reps, byte_ids,
+                                  byte_values) or []
+            if not picks:
+                return None
+        if not m.consume_tokens(picks):  # pragma: no cover - the picks were allowed
+            return None
+        plan.extend(picks)
+        if is_json:
+            state = _json_string_state(tok.decode_bytes(picks), *state)
+    return None
