@@ -3,12 +3,15 @@ the grammar can still be closed, and prefers completions that pass validation (f
 from __future__ import annotations
 
 import json
+import pathlib
+import re
 import time
 
 import pytest
 
 from dgemma_struct.constraints import Regex, compile_constraint
-from dgemma_struct.constraints.closing import closing_candidates, closing_plan
+from dgemma_struct.constraints.closing import closing_candidates, closing_plan, plan_still_closes
+from dgemma_struct.constraints.closing_search import _run_shape, _stepwise_closing
 
 # vLLM's ``sample_json_schema`` (vllm tests/conftest.py, Apache-2.0), the schema of its structured-output tests
 VLLM_SAMPLE_JSON_SCHEMA = {
@@ -80,3 +83,40 @@ def test_candidates_cached_per_tokenizer(hf_tok):
     a = closing_candidates(c.tokenizer_info)
     assert closing_candidates(c.tokenizer_info) is a
     assert len(a[3]) == len(a[2]) and b'"' in a[3]
+
+
+def test_email_domain_after_long_run_closes_with_letter_tld(hf_tok):
+    # vLLM's sample_json_schema email: deep in the domain the shortest completion is '.' + two
+    # letters; the old beam search merged '.1' with '.a' (equal masks) and found no plan at all
+    schema = json.loads((pathlib.Path(__file__).resolve().parents[1] / "data" / "vllm" /
+                         "sample_json_schema.json").read_text())
+    c = compile_constraint(schema, tokenizer=hf_tok)
+    prefix = ('{"name":"A","age":1,"skills":[],"grade":"A","email":"x@' + "mekillsel9Xquantity" * 6)
+    text, dt = _close(c, prefix, max_n=40)
+    assert c.validate_text(text).ok, text
+    assert text.endswith('","work_history":[]}') and len(text) - len(prefix) <= 25, text
+    assert dt < 5.0
+
+
+def test_regex_closes_through_class_without_representative(hf_tok):
+    # no fixed representative ('1', '0', 'a', 'A') is allowed after '#': the first allowed letter is tried
+    c = compile_constraint(Regex(r"#(foo|bar)+@[xy]{2}"), tokenizer=hf_tok)
+    text, _ = _close(c, "#foob", max_n=12)
+    assert re.fullmatch(r"#(foo|bar)+@[xy]{2}", text), text
+    w = c.canvas_walker()
+    w.commit(c.tokenize("#"))  # the stepwise search alone (its local search starts with no candidate allowed)
+    plan = _stepwise_closing(w, *closing_candidates(c.tokenizer_info)[:2], 12, *closing_candidates(c.tokenizer_info)[2:])
+    assert plan is not None and re.fullmatch(r"#(foo|bar)+@[xy]{2}", "#" + c.tokenizer_info.lltok.decode_str(plan))
+
+
+def test_run_shape_and_plan_reuse(hf_tok):
+    assert _run_shape(b'x.1a') == b"1a" and _run_shape(b"ab.") == b"" and _run_shape(b"Zz9q") == b"a1a"
+    c = compile_constraint({"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]},
+                           tokenizer=hf_tok)
+    w = c.canvas_walker()
+    w.commit(c.tokenize('{"s":"ab'))
+    plan = closing_plan(w, *closing_candidates(c.tokenizer_info)[:2], 8, *closing_candidates(c.tokenizer_info)[2:])
+    assert plan is not None and plan_still_closes(w, plan)
+    w.commit(c.tokenize("cd"))  # the string grows: the same plan still closes it
+    assert plan_still_closes(w, plan)
+    assert not plan_still_closes(w, plan[1:])  # without the closing quote it does not

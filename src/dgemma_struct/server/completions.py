@@ -11,13 +11,14 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from dgemma_struct.choice_scores import score_choices
 from dgemma_struct.constraints import Regex
 from dgemma_struct.errors import DgemmaStructError, LengthError
 from dgemma_struct.grounding import prompt_with_sources
 
 from .errors import APIError, api_error_for
 from .logprobs import chat_logprobs, completion_logprobs, cut_to
-from .protocol import apply_stop, check_text, logprobs_of, spec_of, stops_of, thinking_of
+from .protocol import apply_stop, check_text, choice_estimator_of, logprobs_of, spec_of, stops_of, thinking_of
 from .responses import (ChatChoice, ChatCompletion, AssistantMessage, Completion, CompletionChoice, Usage,
                         json_response)
 from .state import ServerState
@@ -105,10 +106,14 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     if spec is not None:
         stops = []                           # ... but a constraint decides where its output ends
     thinking, think_param = thinking_of(req)
+    estimator = choice_estimator_of(req, spec, streaming_or_thinking=bool(req.stream) or thinking is not False)
     use_tools = tool_req is not None and (tool_req.calls_possible or spec is None)
     if use_tools and thinking is not False:
         raise APIError(400, "thinking together with tool calls is not supported yet", param=think_param,
                        code="unsupported_parameter")
+    if estimator is not None and use_tools:
+        raise APIError(400, "choice_probabilities together with tool calls is not supported",
+                       param="choice_probabilities", code="unsupported_parameter")
     if top is not None and (use_tools or thinking is not False):
         raise APIError(400, "logprobs together with " + ("tool calls" if use_tools else "thinking") +
                        " are not supported yet", param="logprobs", code="unsupported_parameter")
@@ -174,6 +179,10 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
         if grounded is not None:
             extra["grounding"] = _spans_of(c, row[0]) if row[1] != "length" else None
         extras.append(extra)
+    if estimator is not None:   # the same for every sample of a prompt: scored once per prompt
+        probs = [await _choice_probabilities(state, p, spec.choices, estimator) for p in prompts]
+        for extra, pr in zip(extras, [pr for pr in probs for _ in range(n)]):
+            extra["choice_probabilities"] = pr
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     prompt_total = sum(n_prompt) * n
     if req.stream:
@@ -182,6 +191,16 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
         for extra, ents in zip(extras, entries):
             extra["logprobs"] = None if ents is None else chat_logprobs(ents) if chat else completion_logprobs(ents)
     return json_response(_body(state, rid, rows, extras, prompt_total, chat=chat))
+
+
+async def _choice_probabilities(state: ServerState, prompt: Any, choices: Any, estimator: str) -> dict[str, float]:
+    """Every option's probability for ``prompt`` (:func:`~dgemma_struct.choice_scores.score_choices`
+    takes the runtime's lock itself, so it runs after the batch worker's rows, never inside them)."""
+    try:
+        return (await asyncio.to_thread(score_choices, prompt, list(choices), runtime=state.runtime,
+                                        estimator=estimator)).probabilities
+    except DgemmaStructError as err:
+        raise api_error_for(err) from None
 
 
 def _entries(r: Any, text: str) -> list | None:

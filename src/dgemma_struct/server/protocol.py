@@ -73,6 +73,8 @@ class _Common(_Open):
     thinking: Optional[Union[Literal["optional"], bool]] = None
     max_thinking_tokens: Optional[int] = Field(default=None, ge=1, le=8192)
     grounding: Optional[Union[bool, dict[str, Any]]] = None
+    # extension: every option's probability for a choice constraint (true = the "canvas" estimator)
+    choice_probabilities: Optional[Union[bool, Literal["canvas", "ar"]]] = None
 
 
 class ChatCompletionRequest(_Common):
@@ -89,6 +91,21 @@ class CompletionRequest(_Common):
 
 
 MAX_TOP_LOGPROBS = 20
+
+
+def choice_estimator_of(req: _Common, spec: Any, *, streaming_or_thinking: bool) -> str | None:
+    """The estimator a request's ``choice_probabilities`` asks for (``None``: not asked). It needs a
+    choice constraint and a non-streamed answer without thinking; anything else is a 400."""
+    asked = getattr(req, "choice_probabilities", None)
+    if asked in (None, False):
+        return None
+    if not isinstance(spec, Choice):
+        raise APIError(400, "choice_probabilities needs a choice constraint (guided_choice or "
+                            "structured_outputs.choice)", param="choice_probabilities", code="invalid_value")
+    if streaming_or_thinking:
+        raise APIError(400, "choice_probabilities is not supported with streaming or thinking",
+                       param="choice_probabilities", code="unsupported_parameter")
+    return "canvas" if asked is True else asked
 
 
 def logprobs_of(req: _Common, *, chat: bool) -> int | None:

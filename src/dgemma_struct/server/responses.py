@@ -73,12 +73,13 @@ class AssistantMessage(Wire):
 
 
 class ChatChoice(Wire):
-    optional: ClassVar[frozenset[str]] = frozenset({"grounding"})
+    optional: ClassVar[frozenset[str]] = frozenset({"grounding", "choice_probabilities"})
     index: int
     message: AssistantMessage
     logprobs: Optional[Any] = None
     finish_reason: str
     grounding: Optional[dict[str, Any]] = None  # ``{"spans": [...]}`` of a grounded answer
+    choice_probabilities: Optional[dict[str, float]] = None  # ``{option: p}`` (extension)
 
 
 class ChatCompletion(Wire):
@@ -94,13 +95,14 @@ class ChatCompletion(Wire):
 
 
 class CompletionChoice(Wire):
-    optional: ClassVar[frozenset[str]] = frozenset({"reasoning_content", "grounding"})
+    optional: ClassVar[frozenset[str]] = frozenset({"reasoning_content", "grounding", "choice_probabilities"})
     index: int
     text: str
     logprobs: Optional[Any] = None
     finish_reason: str
     reasoning_content: Optional[str] = None
     grounding: Optional[dict[str, Any]] = None
+    choice_probabilities: Optional[dict[str, float]] = None
 
 
 class Completion(Wire):
@@ -162,7 +164,7 @@ class ChatCompletionChunk(Wire):
 
 
 class CompletionChunkChoice(Wire):
-    optional: ClassVar[frozenset[str]] = frozenset({"reasoning_content", "grounding"})
+    optional: ClassVar[frozenset[str]] = frozenset({"reasoning_content", "grounding", "choice_probabilities"})
     index: int
     text: str
     logprobs: Optional[Any] = None
