@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from dgemma_struct.constraints import closer_ids, closing_plan
-from dgemma_struct.constraints.closing import plan_still_closes
+from dgemma_struct.constraints import closer_ids, closing_plan, plan_still_closes
 
 if TYPE_CHECKING:
     from dgemma_struct.rows import RowState

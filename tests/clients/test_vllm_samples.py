@@ -51,10 +51,7 @@ def _lark_parse(grammar_text, text):
 JSON_CASES = [
     # (file, request shape, max_tokens, n); vLLM's own calls use max_tokens 500-1000 and n up to 3
     ("entrypoints_sample_json_schema.json", "response_format", 500, 1),
-    pytest.param("sample_complex_json_schema.json", "structured_outputs", 300, 1, marks=pytest.mark.xfail(
-        strict=True, reason="server: at max_tokens=300 (seed 0, this prompt) the answer ends with finish_reason "
-        "'length' inside the email's local part (~250 characters of it) instead of budget closing writing "
-        "the '@x.xx' ending in time; issue 12: the closing plan must close strings before the budget runs out")),
+    ("sample_complex_json_schema.json", "structured_outputs", 300, 1),
     ("sample_definition_json_schema.json", "structured_outputs", 300, 2),
     ("entrypoints_sample_definition_json_schema.json", "guided_json", 300, 1),
     ("sample_enum_json_schema.json", "guided_json", 300, 1),
@@ -95,15 +92,8 @@ VLLM_EMPLOYEE_PROMPT = "Give an example JSON for an employee profile that fits t
 
 
 @pytest.mark.parametrize("prompt", [
-    pytest.param(VLLM_EMPLOYEE_PROMPT, id="vllm-prompt", marks=pytest.mark.xfail(strict=True, reason=(
-        "server: with vLLM's own prompt (seed 0) the answer is a 200 with finish_reason 'length' after ~50 s, "
-        "stuck in the first string; issue 12: sample_json_schema at max_tokens=500 must succeed - budget "
-        "closing must find a closing plan whenever the grammar can still be closed"))),
-    pytest.param("Give an example.", id="short-prompt", marks=pytest.mark.xfail(strict=False, reason=(
-        "server: with this prompt (seed 0) the pre-refactor snapshot never returns a valid sample_json_schema "
-        "value at max_tokens=500: once a 504 at the server's 120 s request timeout, once a failure after "
-        "62 s, instead of a 200 with a valid value; issue 12: budget closing must find a closing plan whenever the "
-        "grammar can still be closed. Not strict: how far it gets depends on CPU time."))),
+    pytest.param(VLLM_EMPLOYEE_PROMPT, id="vllm-prompt"),
+    pytest.param("Give an example.", id="short-prompt"),
 ])
 def test_vllm_sample_json_schema_at_500_tokens(oai, model_id, prompt):
     """vLLM's main schema (tests/v1/entrypoints/conftest.py) at max_tokens=500, the smallest budget

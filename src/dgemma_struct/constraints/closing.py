@@ -5,8 +5,10 @@ string, arrays and objects (or finish a regex / grammar) so the output ends vali
 out. :func:`closing_plan` finds one from a :class:`~.walker.CanvasWalker`'s frozen state; the
 candidates it tries come from :func:`closing_candidates` (closer tokens and one single-byte token per
 byte, scanned once per tokenizer) and :func:`closer_ids` (those plus a constraint's own closers).
-The JSON heuristics (string state, format-aware validation of a completion) live here, not in the
-walker. :func:`greedy_fill` ends a canvas that stopped with open positions (masked argmax).
+The searches themselves (a stepwise walk with a local exhaustive search, then the global beam
+search) are in :mod:`.closing_search`; :func:`plan_still_closes` lets the guide reuse a plan across
+commits. The JSON heuristics (string state, validation of a completion) live there and here, not in
+the walker. :func:`greedy_fill` ends a canvas that stopped with open positions (masked argmax).
 
 The walker is used through its public state only: ``constraint``, ``frozen_tokens``,
 ``eos_committed``, ``stop_token_ids``, ``vocab_size``, ``frozen_matcher()``, ``mask_of()`` and

@@ -2,8 +2,8 @@
 
 :func:`_stepwise_closing` walks the structure greedily (forced tokens, closers) and, where no closer
 is allowed yet (inside a lexeme with a pattern, a number, a key to write), runs a small exhaustive
-breadth-first search (:func:`_local_search`) for the shortest way to the next point where one is:
-a closer allowed, a forced continuation, or a stop token. :func:`_search_closing` is the older
+breadth-first search (:func:`_local_search`) for the shortest way to the next point where one is
+(or a stop token). :func:`_search_closing` is the older
 global beam search, kept for completions that must pass validation (formats).
 
 >>> _run_shape(b'x.1a')
@@ -173,7 +173,7 @@ def _class_candidates(row: np.ndarray, reps: np.ndarray, byte_ids: np.ndarray, b
 def _local_search(walker: Any, m0: Any, in_str0: tuple[bool, bool], limit: int, closers: np.ndarray,
                   quote_ids: np.ndarray, reps: np.ndarray, byte_ids: np.ndarray, byte_values: bytes) -> list[int] | None:
     """The shortest run of candidate tokens (at most ``limit``) from matcher ``m0`` after which a
-    stop token or a closer is allowed, or the grammar forces a continuation; None if none is found
+    stop token or a closer is allowed; None if none is found
     within :data:`LOCAL_NODES` children. Children whose mask, punctuation used, trailing run shape
     and string state are equal are taken as one state."""
     tok = walker.constraint.tokenizer_info.lltok
@@ -198,8 +198,8 @@ def _local_search(walker: Any, m0: Any, in_str0: tuple[bool, bool], limit: int, 
                 crow = walker.mask_of(c).copy()
                 in_str = _json_string_state(b, *in_str0) if is_json else (False, False)
                 ids = quote_ids if in_str[0] else closers
-                if walker.allows_stop(crow) or (ids.size and allowed_among(crow, ids).size) or \
-                        (not c.is_stopped() and list(c.compute_ff_tokens())):
+                # (a forced continuation is no goal: '#(foo|bar)+' forces 'ar' after 'b', for ever)
+                if walker.allows_stop(crow) or (ids.size and allowed_among(crow, ids).size):
                     return path + [t]
                 key = (crow.tobytes(), _segment_punct(b), _run_shape(b), in_str)
                 if key not in seen and not c.is_stopped():

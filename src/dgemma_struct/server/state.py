@@ -20,6 +20,7 @@ from .batcher import Batcher
 from .compile_pool import CompilePool
 from .config import ServerConfig
 from .errors import APIError, api_error_for
+from .tool_calls.request import prepare_tokenizer
 
 
 class ServerState:
@@ -83,6 +84,8 @@ class ServerState:
             except DgemmaStructError as err:
                 raise api_error_for(err, param=param) from None
         async with self.compile_sem:
+            # the tokenizer set-up (once per process; seconds for a 262k vocabulary) is not timed
+            await loop.run_in_executor(self.compile_executor, prepare_tokenizer, self.runtime)
             try:
                 # the probe enforces the compile timeout itself (it kills the worker); the margin
                 # here covers starting a worker and the in-process compile after the probe
