@@ -73,7 +73,10 @@ def test_a_slow_client_is_disconnected(url):
 
 
 def test_disconnect_cancels_a_non_streaming_request(url):
-    body = {"messages": MSG, "response_format": {"type": "json_object"}, "max_tokens": 250}
+    # an answer that cannot be short (a JSON object could close after a few tokens, then nothing is
+    # left running to cancel): 8 samples of 240 alternating letters and digits are ~240 tokens each,
+    # about 3 s on the tiny model
+    body = {"messages": MSG, "guided_regex": "([a-z][0-9]){120}", "max_tokens": 250, "seed": 0, "n": 8}
     # compile it once first: the abandoned request must be running, not compiling, when it goes
     httpx.post(url + "/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=120)
     before = httpx.get(url + "/health").json()["cancelled_rows"]
