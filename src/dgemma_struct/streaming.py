@@ -12,6 +12,7 @@ import json
 import typing
 from typing import Any, Iterator
 
+from dgemma_struct.constraints import JsonValidator
 from dgemma_struct.errors import GenerationFailed
 from dgemma_struct.options import GenerateOptions
 from dgemma_struct.prompts import Prompt
@@ -32,14 +33,7 @@ def partial_json(text: str) -> Any:
     >>> partial_json('{"a":"hel')
     {'a': 'hel'}
     """
-    from pydantic_core import from_json
-
-    if not isinstance(text, str) or not text.strip():
-        return None
-    try:
-        return from_json(text, allow_partial="trailing-strings")
-    except ValueError:
-        return None
+    return JsonValidator.partial(text)
 
 
 def _partial_instance(model: type, data: Any) -> Any:
