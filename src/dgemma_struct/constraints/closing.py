@@ -30,7 +30,8 @@ from dgemma_struct.errors import ConstraintEngineError
 
 from .bitmask_np import allowed_among, bitmask_to_bool
 from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS, _byte_representatives,  # noqa: F401
-                             _json_string_state, _run_shape, _search_closing, _segment_punct, _stepwise_closing)
+                             _json_string_state, _run_shape, _search_closing, _segment_punct, _stepwise_closing,
+                             allowed_closer)
 from .safety import clip, engine_guard
 
 __all__ = ["closing_plan", "plan_still_closes", "closing_candidates", "closer_ids", "greedy_fill", "CLOSING_BEAM", "CLOSING_EXAMINE",
@@ -182,15 +183,7 @@ def _greedy_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
             return plan
         picks = [] if m.is_stopped() else list(m.compute_ff_tokens())
         if not picks:
-            pick = None
-            # outside a string a quote token only opens one: take the shortest (a bare `"`), so
-            # `"]}` is never written as the content of a new string
-            for ids in ((quote_ids,) if in_str else (bracket_ids, quote_ids[::-1])):
-                if ids.size:
-                    ok = allowed_among(row, ids)
-                    if ok.size:
-                        pick = int(ids[ok[0]])
-                        break
+            pick = allowed_closer(row, in_str, quote_ids, bracket_ids)
             if pick is None and byte_ids is not None and byte_ids.size:
                 ok = allowed_among(row, byte_ids)
                 if ok.size:

@@ -213,6 +213,19 @@ def _local_search(walker: Any, m0: Any, in_str0: tuple[bool, bool], limit: int, 
     return None
 
 
+def allowed_closer(row: np.ndarray, in_string: bool, quote_ids: np.ndarray, bracket_ids: np.ndarray) -> int | None:
+    """The closer a closing walk takes at a mask ``row``: inside a JSON string the first allowed of
+    ``quote_ids`` (longest first); outside one the first allowed of ``bracket_ids``, else the
+    shortest allowed quote token (outside a string a quote only opens one, so ``"]}`` is never
+    written as a new string's content). None when no closer is allowed."""
+    for ids in ((quote_ids,) if in_string else (bracket_ids, quote_ids[::-1])):
+        if ids.size:
+            ok = allowed_among(row, ids)
+            if ok.size:
+                return int(ids[ok[0]])
+    return None
+
+
 def _stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
                       byte_ids: np.ndarray, byte_values: bytes) -> list[int] | None:
     """A completion of at most ``max_n`` tokens from the frozen state (the stop token not included),
@@ -235,11 +248,8 @@ def _stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarra
             return None
         picks = list(m.compute_ff_tokens())
         if not picks:
-            for ids in ((quote_ids,) if state[0] else (bracket_ids, quote_ids[::-1])):
-                ok = allowed_among(row, ids) if ids.size else ()
-                if len(ok):
-                    picks = [int(ids[ok[0]])]
-                    break
+            closer = allowed_closer(row, state[0], quote_ids, bracket_ids)
+            picks = [closer] if closer is not None else []
         if not picks:
             picks = _local_search(walker, m, state, max_n - len(plan), closers, quote_ids, reps, byte_ids,
                                   byte_values) or []
