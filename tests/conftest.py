@@ -48,3 +48,20 @@ def gemma4_random_runtime(gemma4_tokenizer):
     rt = DiffusionRuntime(model, gemma4_tokenizer)
     assert set(rt.eos_token_ids) == {1, 106, 50}
     return rt
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_runtime():
+    """A random-weight tiny DiffusionGemma with a Gemma-3-style tokenizer: no thought-channel and no
+    tool tokens, so thinking and tool requests must be refused with typed errors."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    from dgemma_struct.model_config import tiny_config
+    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.testing import gemma3_style_tokenizer
+
+    torch.manual_seed(0)
+    model = DiffusionGemmaForBlockDiffusion(tiny_config(vocab_size=512, canvas_length=16)).eval()
+    gc = model.generation_config
+    gc.eos_token_id, gc.pad_token_id, gc.max_denoising_steps = [1, 4], 0, 4
+    return DiffusionRuntime(model, gemma3_style_tokenizer(), name="tiny-gemma3")

@@ -15,15 +15,25 @@ from __future__ import annotations
 
 from transformers import DiffusionGemmaConfig, Gemma4VisionConfig
 
-# Special tokens of the embedded tokenizer (ids are fixed: the model config relies on them).
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<unk>"]
-PAD_ID, EOS_ID, BOS_ID, SOT_ID, EOT_ID, UNK_ID = range(6)
+# Special tokens of the embedded tokenizer: Gemma 4's control-token names (ids are fixed: the model
+# config and the generation config rely on them). The real checkpoint has the same names at other ids
+# (e.g. ``<turn|>`` = 106); code finds them by name, never by these numbers.
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|think|>", "<|channel>",
+                  "<channel|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                  "<tool_response|>", '<|"|>']
+(PAD_ID, EOS_ID, BOS_ID, UNK_ID, MASK_ID, TURN_START_ID, TURN_END_ID, THINK_ID, CHANNEL_OPEN_ID, CHANNEL_CLOSE_ID,
+ TOOL_OPEN_ID, TOOL_CLOSE_ID, TOOL_CALL_OPEN_ID, TOOL_CALL_CLOSE_ID, TOOL_RESPONSE_OPEN_ID, TOOL_RESPONSE_CLOSE_ID,
+ STRING_DELIMITER_ID) = range(len(SPECIAL_TOKENS))
+# The generation config's stop set, the same shape as the real one ([<eos>, <turn|>, <|tool_response>]).
+STOP_IDS = [EOS_ID, TURN_END_ID, TOOL_RESPONSE_OPEN_ID]
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
-    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
+
+def chat_template() -> str:
+    """DiffusionGemma's own chat template (``chat_template.jinja`` beside the embedded model: trl's
+    ``diffusion_gemma.jinja``, Apache-2.0), which the embedded tokenizer carries too."""
+    from importlib.resources import files
+
+    return files("dgemma_struct.embedded").joinpath("chat_template.jinja").read_text(encoding="utf-8")
 
 
 def _vision() -> Gemma4VisionConfig:

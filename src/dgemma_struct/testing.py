@@ -171,7 +171,7 @@ def tiny_runtime(*, seed: int = 0, vocab_size: int = 512, canvas_length: int = 1
     import torch
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    from dgemma_struct.model_config import EOS_ID, EOT_ID, PAD_ID, tiny_config
+    from dgemma_struct.model_config import PAD_ID, STOP_IDS, tiny_config
     from dgemma_struct.runtime import DiffusionRuntime
     from dgemma_struct.sampler import DiffusionSettings
     from dgemma_struct.training.corpus import make_corpus
@@ -186,11 +186,32 @@ def tiny_runtime(*, seed: int = 0, vocab_size: int = 512, canvas_length: int = 1
     finally:
         torch.random.set_rng_state(state)
     gc = model.generation_config
-    gc.eos_token_id, gc.pad_token_id = [EOS_ID, EOT_ID], PAD_ID
+    gc.eos_token_id, gc.pad_token_id = list(STOP_IDS), PAD_ID
     rt = DiffusionRuntime(model, tok, name="tiny-random")
     rt.settings = DiffusionSettings(max_denoising_steps=max_denoising_steps, entropy_bound=0.5,
                                     confidence_threshold=0.5)
     return rt
+
+
+def gemma3_style_tokenizer(vocab_size: int = 400):
+    """A small byte-level BPE with Gemma 3's turn tokens (``<start_of_turn>``/``<end_of_turn>``) and
+    none of Gemma 4's control tokens: what an older checkpoint brings. Thinking and tool calls
+    must be refused with a typed error on it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from dgemma_struct.training.corpus import make_corpus
+
+    specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<unk>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([e["prompt"] + " " + e["answer"] for e in make_corpus(200, seed=5, tool_fraction=0.0,
+                                                                                   thinking_fraction=0.0)],
+                            trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
+                                   unk_token="<unk>", additional_special_tokens=specials[3:5])
 
 
 def embedded_model_available() -> bool:

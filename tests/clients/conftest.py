@@ -1,4 +1,5 @@
-"""Real third-party clients (openai, litellm, instructor) against a real uvicorn on 127.0.0.1.
+"""Real third-party clients (openai, litellm, instructor, langchain-openai, pydantic-ai) against a real
+uvicorn on 127.0.0.1.
 
 One module-scoped server per test module, serving the tiny random runtime. Nothing here may reach
 the network: litellm reads its model-cost map from the copy it ships (``LITELLM_LOCAL_MODEL_COST_MAP``)
@@ -17,6 +18,10 @@ os.environ.setdefault("LITELLM_LOG", "ERROR")
 os.environ.setdefault("DISABLE_AIOHTTP_TRANSPORT", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# langchain / langsmith: no tracing, no run uploads; pydantic-ai: logfire (if ever installed) sends nothing
+os.environ["LANGSMITH_TRACING"] = "false"
+os.environ["LANGCHAIN_TRACING_V2"] = "false"
+os.environ.setdefault("LOGFIRE_SEND_TO_LOGFIRE", "false")
 
 import pytest  # noqa: E402
 from clients_harness import running_server  # noqa: E402

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dgemma_struct.model_config import tiny_config
+from dgemma_struct.model_config import PAD_ID, STOP_IDS, tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -12,5 +12,5 @@ def tiny_model():
     torch.manual_seed(0)
     model = DiffusionGemmaForBlockDiffusion(tiny_config(vocab_size=512, canvas_length=16)).eval()
     gc = model.generation_config
-    gc.eos_token_id, gc.pad_token_id = [1, 4], 0
+    gc.eos_token_id, gc.pad_token_id = list(STOP_IDS), PAD_ID  # [<eos>, <turn|>, <|tool_response>]
     return model

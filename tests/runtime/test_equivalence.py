@@ -15,7 +15,7 @@ def _reference(model, ids, mask, s: DiffusionSettings, max_new_tokens, seed):
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
 
     torch.manual_seed(seed)
-    return model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=[1, 4],
+    return model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=[1, 6, 14],
                           pad_token_id=0, max_denoising_steps=s.max_denoising_steps,
                           sampler_config=EntropyBoundSamplerConfig(entropy_bound=s.entropy_bound), t_min=s.t_min,
                           t_max=s.t_max, stability_threshold=s.stability_threshold,
@@ -33,7 +33,7 @@ def test_matches_model_generate(tiny_model, seed, max_new, batch, left_pad):
         ids[0, :4] = 0
     ref = _reference(tiny_model, ids, mask, s, max_new, seed)
     torch.manual_seed(seed)
-    ours = diffusion_loop(tiny_model, ids, mask, max_new_tokens=max_new, settings=s, eos_token_ids=[1, 4],
+    ours = diffusion_loop(tiny_model, ids, mask, max_new_tokens=max_new, settings=s, eos_token_ids=[1, 6, 14],
                           pad_token_id=0)
     assert torch.equal(ours.sequences, ref.sequences)
     passes = ours.forward_passes
@@ -47,7 +47,7 @@ def test_adaptive_stop_fires(tiny_model):
     ids = torch.randint(5, 512, (1, 6), generator=torch.Generator().manual_seed(1))
     torch.manual_seed(0)
     out = diffusion_loop(tiny_model, ids, torch.ones_like(ids), max_new_tokens=32, settings=s,
-                         eos_token_ids=[1, 4], pad_token_id=0)
+                         eos_token_ids=[1, 6, 14], pad_token_id=0)
     assert out.forward_passes.item() == out.canvases
 
 
@@ -63,7 +63,7 @@ def test_eos_pads_rest_of_canvas_and_stops(tiny_model):
     ids = torch.randint(5, 512, (2, 6), generator=torch.Generator().manual_seed(2))
     torch.manual_seed(0)
     out = diffusion_loop(tiny_model, ids, torch.ones_like(ids), max_new_tokens=64, settings=_settings(),
-                         eos_token_ids=[1, 4], pad_token_id=0, hook=ForceEos())
+                         eos_token_ids=[1, 6, 14], pad_token_id=0, hook=ForceEos())
     new = out.sequences[:, 6:]
     assert out.canvases == 1 and new.shape[1] == 16
     for row in new.tolist():

@@ -135,7 +135,7 @@ def test_a_hook_that_empties_a_position_never_gives_nan(tiny_model):
     for generators in (None, [torch.Generator().manual_seed(i) for i in range(2)]):
         torch.manual_seed(0)
         out = diffusion_loop(tiny_model, ids, torch.ones_like(ids), max_new_tokens=16, settings=s,
-                             eos_token_ids=[1, 4], pad_token_id=0, hook=Empty(), generators=generators)
+                             eos_token_ids=[1, 6, 14], pad_token_id=0, hook=Empty(), generators=generators)
         assert out.sequences.shape == (2, 22) and out.sequences.min() >= 0
 
 

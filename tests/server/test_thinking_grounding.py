@@ -1,8 +1,9 @@
 """Thinking and grounding over the server, against a real uvicorn on loopback.
 
 Thinking runs on a random-weight real-shape DiffusionGemma with the Gemma 4 tokenizer (the
-checkpoint writer of tests/server_tools); the embedded model has no thought-channel tokens, so
-there a thinking request is a 400. Grounding runs on the embedded model."""
+checkpoint writer of tests/server_tools) and on the embedded model (which speaks Gemma 4's dialect);
+on a model whose tokenizer has no thought-channel tokens a thinking request is a 400. Grounding runs
+on the embedded model."""
 from __future__ import annotations
 
 import importlib.util
@@ -51,25 +52,46 @@ def _chat(prompt: str, **extra) -> dict:
     return {"messages": [{"role": "user", "content": prompt}], "max_tokens": 48, "seed": 0, **extra}
 
 
+@pytest.fixture(scope="module")
+def gemma3_client(tiny_gemma3_runtime):
+    with running_server(tiny_gemma3_runtime, max_tokens_cap=64, default_max_tokens=16,
+                        isolate_compiles=False) as url, httpx.Client(base_url=url, timeout=120) as c:
+        yield c
+
+
 @pytest.mark.parametrize("extra,param", [
     ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs.enable_thinking"),
     ({"thinking": "optional"}, "thinking"),
 ])
-def test_thinking_on_embedded_model_is_a_precise_400(eclient, extra, param):
-    r = eclient.post("/v1/chat/completions", json=_chat("Is the sky blue?", response_format={
+def test_thinking_on_a_model_without_channel_tokens_is_a_precise_400(gemma3_client, extra, param):
+    r = gemma3_client.post("/v1/chat/completions", json=_chat("Is the sky blue?", response_format={
         "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}, **extra))
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "thinking_unsupported" and err["param"] == param
     assert "<|channel>" in err["message"]
     # the server is unharmed: the same request without thinking is served
-    ok = eclient.post("/v1/chat/completions", json=_chat("Is the sky blue?", response_format={
+    ok = gemma3_client.post("/v1/chat/completions", json=_chat("Is the sky blue?", response_format={
         "type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}},
         chat_template_kwargs={"enable_thinking": False}))
     assert ok.status_code == 200, ok.text
     msg = ok.json()["choices"][0]["message"]
     assert "reasoning_content" not in msg
     jsonschema.validate(json.loads(msg["content"]), SCHEMA)
+
+
+def test_thinking_then_json_on_the_embedded_model(eclient):
+    """The embedded model speaks Gemma 4's dialect: with thinking on it writes a thought, then the
+    constrained answer; the thought comes back as ``reasoning_content``, never in ``content``."""
+    r = eclient.post("/v1/chat/completions", json=_chat(SOURCE_PROMPT, max_tokens=96, response_format={
+        "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+        chat_template_kwargs={"enable_thinking": True}))
+    assert r.status_code == 200, r.text
+    msg = r.json()["choices"][0]["message"]
+    value = json.loads(msg["content"])
+    jsonschema.validate(value, PERSON)
+    assert msg.get("reasoning_content") and "<|channel>" not in msg["reasoning_content"]
+    assert "<channel|>" not in msg["content"] and "thought" not in msg["content"]
 
 
 def test_bad_enable_thinking_value_is_400(eclient):

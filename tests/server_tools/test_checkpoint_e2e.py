@@ -70,12 +70,10 @@ def test_legacy_named_function(real_shape_runtime):
     jsonschema.validate(json.loads(ch.message.function_call.arguments), ADD["function"]["parameters"])
 
 
-def test_embedded_model_without_tool_tokens_is_a_400():
-    from dgemma_struct.runtime import DiffusionRuntime
-
+def test_a_model_without_tool_tokens_is_a_400(tiny_gemma3_runtime):
     tr = tool_request_of({"tools": [ADD]})
     with pytest.raises(ToolRequestError) as info:
-        compile_for(tr, DiffusionRuntime.default())
+        compile_for(tr, tiny_gemma3_runtime)
     assert (info.value.param, info.value.code) == ("tools", "tools_unsupported_by_model")
 
 

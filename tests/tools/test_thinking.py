@@ -42,11 +42,11 @@ def test_plain_constraint_never_opens_a_thought(gemma4_tokenizer):
 
 
 def test_bad_options_and_tokenizers(gemma4_tokenizer):
-    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.testing import gemma3_style_tokenizer
 
     inner = compile_constraint(SCHEMA, gemma4_tokenizer, stop_token_ids=STOPS)
     with pytest.raises(InvalidRequestError):
         with_thinking(inner, gemma4_tokenizer, max_thinking_tokens=0)
-    toy = DiffusionRuntime.default().tokenizer
+    toy = gemma3_style_tokenizer()
     with pytest.raises(ConstraintError, match="thought-channel"):
         with_thinking(compile_constraint(SCHEMA, toy), toy)

@@ -75,10 +75,10 @@ def test_tool_choice_naming_an_unknown_tool(gemma4_tokenizer):
 
 
 def test_a_tokenizer_without_tool_tokens_is_refused():
-    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.testing import gemma3_style_tokenizer
 
     with pytest.raises(ToolCallError, match="control token"):
-        compile_tool_calls([GetWeather], DiffusionRuntime.default().tokenizer)
+        compile_tool_calls([GetWeather], gemma3_style_tokenizer())
 
 
 @pytest.mark.parametrize("text", [

@@ -33,6 +33,7 @@ from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS
                              _json_string_state, _run_shape, _search_closing, _segment_punct, _stepwise_closing,
                              allowed_closer)
 from .safety import clip, engine_guard
+from .tokenizer import vocab_scan
 
 __all__ = ["closing_plan", "plan_still_closes", "closing_candidates", "closer_ids", "greedy_fill", "CLOSING_BEAM", "CLOSING_EXAMINE",
            "CLOSING_EXTRA_LEVELS"]
@@ -52,36 +53,39 @@ def _has_format(schema: Any) -> bool:
     return False
 
 
-_CANDIDATES: dict[tuple, tuple] = {}
+_CANDIDATES: dict[tuple, tuple] = {}  # (info.key, max_len) -> (lltok, candidates)
 
 
 def closing_candidates(info: Any, max_len: int | None = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:
-    """The closing candidates of a tokenizer (``info``: a TokenizerInfo), scanned once per tokenizer:
-    tokens that start with ``"`` and hold only ``"``/``]``/``}``, tokens of only ``]``/``}`` (both
-    longest first, at most ``max_len`` bytes; None: any length), and the single-byte tokens with their
-    bytes."""
+    """The closing candidates of a tokenizer (``info``: a TokenizerInfo): tokens that start with ``"``
+    and hold only ``"``/``]``/``}``, tokens of only ``]``/``}`` (both longest first, at most ``max_len``
+    bytes; None: any length), and the single-byte tokens with their bytes. Derived from the tokenizer's
+    :func:`~.tokenizer.vocab_scan` (read once per ``LLTokenizer``, when its info is built): no
+    vocabulary pass here."""
     ck = (info.key, max_len)
     hit = _CANDIDATES.get(ck)
-    if hit is not None:
-        return hit
-    lt = info.lltok
-    quote, bracket, single = {}, {}, {}
+    if hit is not None and hit[0] is info.lltok:
+        return hit[1]
+    scan = vocab_scan(info.lltok)
     specials = info.special_token_ids
-    for t in range(info.vocab_size):
-        if t in specials:
+    quote: dict[int, int] = {}
+    bracket: dict[int, int] = {}
+    for t, n, quoted in scan.closers:  # by id, as the stable sorts below expect
+        if t in specials or (max_len is not None and n > max_len):
             continue
-        bs = lt.decode_bytes([t])
-        if len(bs) == 1:
-            single.setdefault(bs[0], t)
-        if bs and (max_len is None or len(bs) <= max_len) and all(ch in b'"]}' for ch in bs):
-            (quote if bs[:1] == b'"' else bracket if b'"' not in bs else {})[t] = len(bs)
+        (quote if quoted else bracket)[t] = n
+    single = {}
+    for b, ids in scan.single_bytes.items():
+        t = next((t for t in ids if t not in specials), None)
+        if t is not None:
+            single[b] = t
     order = sorted(single)
-    hit = (*(np.asarray(sorted(d, key=lambda t: -d[t]), dtype=np.int64) for d in (quote, bracket)),
-           np.asarray([single[b] for b in order], dtype=np.int64), bytes(order))
+    cands = (*(np.asarray(sorted(d, key=lambda t: -d[t]), dtype=np.int64) for d in (quote, bracket)),
+             np.asarray([single[b] for b in order], dtype=np.int64), bytes(order))
     if len(_CANDIDATES) >= 16:
         _CANDIDATES.pop(next(iter(_CANDIDATES)))
-    _CANDIDATES[ck] = hit
-    return hit
+    _CANDIDATES[ck] = (info.lltok, cands)
+    return cands
 
 
 def closer_ids(walker: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, bytes]:

@@ -103,8 +103,9 @@ def _compile_json(schema: Any, info: TokenizerInfo, *, strict: bool, whitespace:
                       template=plan.matcher)
 
 
-def _normalise(spec: Any) -> tuple[ConstraintKind, Any, Any, str]:
-    """-> (kind, payload, adapter, cache-key)."""
+def _normalise(spec: Any, keyed: bool = True) -> tuple[ConstraintKind, Any, Any, str]:
+    """-> (kind, payload, adapter, cache-key); ``keyed=False``: no cache key (``""``), e.g. for
+    ``use_cache=False`` (a large schema's canonical text costs a full serialisation)."""
     if isinstance(spec, Regex):
         return ConstraintKind.REGEX, spec.pattern, None, "regex:" + repr(spec.pattern)
     if isinstance(spec, Grammar):
@@ -128,14 +129,14 @@ def _normalise(spec: Any) -> tuple[ConstraintKind, Any, Any, str]:
             except (ValueError, RecursionError) as e:
                 raise SchemaError(f"schema is not valid JSON: {clip(e, 300)}") from None
         check_schema_input(d)
-        return ConstraintKind.JSON, d, None, "json:" + _canon(d)
+        return ConstraintKind.JSON, d, None, ("json:" + _canon(d)) if keyed else ""
     if isinstance(spec, (dict, bool)) and not isinstance(spec, type):
         check_schema_input(spec)
-        return ConstraintKind.JSON, spec, None, "json:" + _canon(spec)
+        return ConstraintKind.JSON, spec, None, ("json:" + _canon(spec)) if keyed else ""
     if isinstance(spec, (str, bytes)):
         raise ConstraintError("a bare string is ambiguous: wrap it as Regex(...), Grammar(...) or JsonSchema(...)")
     if isinstance(spec, (list, tuple)):
-        return _normalise(Choice(list(spec)))
+        return _normalise(Choice(list(spec)), keyed)
     if _is_pydantic_model(spec):
         from pydantic import TypeAdapter
         try:
@@ -146,10 +147,10 @@ def _normalise(spec: Any) -> tuple[ConstraintKind, Any, Any, str]:
         return ConstraintKind.JSON, schema, TypeAdapter(spec), key
     o = _outlines_to_spec(spec)
     if o is not None:
-        return _normalise(o)
+        return _normalise(o, keyed)
     t = _type_spec(spec)
     if isinstance(t, Choice):
-        return _normalise(t)
+        return _normalise(t, keyed)
     return ConstraintKind.JSON, t.schema, t.adapter, f"type:{spec!r}:{id(spec)}"
 
 
@@ -193,7 +194,7 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
     if tokenizer is None:
         raise ConstraintError("compile_constraint needs a tokenizer")
     info = get_tokenizer_info(tokenizer, stop_token_ids, vocab_size)
-    kind, payload, adapter, key = _normalise(spec)
+    kind, payload, adapter, key = _normalise(spec, keyed=use_cache)
     ck = (key, info.key, strict, whitespace, tuple(separators) if separators else None)
     if use_cache:
         with _cache_lock:

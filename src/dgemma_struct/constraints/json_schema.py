@@ -142,11 +142,21 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
     return [(tuple(e.absolute_path), e.message) for e in errs]
 
 
-def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True) -> Any:
+#: the keywords :func:`_grammar_copy` may rewrite
+_REWRITTEN = frozenset(("minProperties", "exclusiveMinimum", "exclusiveMaximum", "items", "dependencies", "multipleOf"))
+
+
+def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True, text: str | None = None) -> Any:
     """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only; keywords
-    llguidance compiles wrongly are removed (named in ``dropped``, enforced by validation)."""
-    g = json.loads(json.dumps(schema))  # a JSON value (checked): ~4x faster than copy.deepcopy
+    llguidance compiles wrongly are removed (named in ``dropped``, enforced by validation). ``text``:
+    ``schema`` as JSON text, when at hand."""
+    # a JSON value (checked): ~4x faster than copy.deepcopy
+    g = json.loads(text if text is not None else json.dumps(schema))
     for _, s in iter_subschemas(g):
+        if _REWRITTEN.isdisjoint(s):  # most subschemas: nothing here to rewrite
+            if wide:
+                _drop_wide_ints(s, dropped)
+            continue
         mp = s.get("minProperties")
         if (is_number(mp) and mp > 0 and isinstance(s.get("properties"), dict) and s["properties"]
                 and s.get("additionalProperties", True) is not False
@@ -273,17 +283,25 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
         raise SchemaError(f"a JSON Schema must be an object or a boolean, not {type(schema).__name__}")
     if not checked:
         check_schema_input(schema)
-    wide = has_wide_int(schema)
+    long_ints: list[str] = []
+
+    def parse_int(digits: str) -> int:  # a wide integer has at least 19 digits: noted while parsing
+        if len(digits) >= 19:
+            long_ints.append(digits)
+        return int(digits)
+
     try:
-        schema = json.loads(json.dumps(schema, allow_nan=False))
+        text = json.dumps(schema, allow_nan=False)
+        schema = json.loads(text, parse_int=parse_int)
     except (TypeError, ValueError, RecursionError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {clip(e)}") from None
+    wide = bool(long_ints) and has_wide_int(schema)
     if schema is False:
         raise SchemaError("unsatisfiable schema: false")
     subs = list(iter_subschemas(schema)) if isinstance(schema, dict) else []
-    check_schema(schema, subs)
+    check_schema(schema, subs, text)
     semantic: list[str] = []
-    g = _grammar_copy(schema, semantic, wide) if isinstance(schema, dict) else {}
+    g = _grammar_copy(schema, semantic, wide, text) if isinstance(schema, dict) else {}
     if wide and has_wide_int(g):  # somewhere the grammar copy could not drop it: never hand it to the engine
         raise SchemaError("the schema holds an integer beyond the 64-bit range (|v| >= 2**63) where it cannot be "
                           "left to validation")

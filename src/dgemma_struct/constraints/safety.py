@@ -114,48 +114,81 @@ def _fmt(path: list) -> str:
     return "#/" + "/".join(str(p) for p in path) if path else "#"
 
 
+_EXIT_MARK = object()
+
+
 def check_schema_input(schema: Any) -> None:
     """Raise :class:`SchemaError` for a schema that is not a finite, acyclic JSON value within the
     documented size and depth limits. Iterative: never recurses, whatever the input."""
-    # (value, depth, path, ancestors-ids) -- ancestors are tracked by an explicit exit marker
+    # stack items: (value, depth, parent item, key); the path is rebuilt from the parents only for an
+    # error. Containers on the current path are tracked by an explicit exit marker.
     on_path: set[int] = set()
-    stack: list[tuple] = [(schema, 1, [])]
+    stack: list[tuple] = [(schema, 1, None, None)]
     nodes = 0
-    _EXIT = object()
+    _EXIT = _EXIT_MARK
+    scalar = (str, int, bool)
     while stack:
         item = stack.pop()
-        if item[0] is _EXIT:
+        x = item[0]
+        if x is _EXIT:
             on_path.discard(item[1])
             continue
-        x, depth, path = item
         nodes += 1
         if nodes > MAX_SCHEMA_NODES:
             raise SchemaError(f"schema too large: more than {MAX_SCHEMA_NODES} values")
-        if isinstance(x, (dict, list)):
-            if depth > MAX_SCHEMA_DEPTH:
-                raise SchemaError(f"schema nested too deeply at {clip(_fmt(path), 200)}: more than "
-                                  f"{MAX_SCHEMA_DEPTH} levels of objects/arrays")
-            if id(x) in on_path:
-                raise SchemaError(f"schema contains a cycle at {clip(_fmt(path), 200)} (an object that contains "
-                                  f"itself is not JSON)")
-            on_path.add(id(x))
+        if isinstance(x, dict):
+            depth = item[1]
+            _enter(x, depth, item, on_path)
             stack.append((_EXIT, id(x)))
-            if isinstance(x, dict):
-                for k, v in x.items():
-                    if not isinstance(k, str):
-                        raise SchemaError(f"schema key {clip(repr(k), 80)} at {clip(_fmt(path), 200)} is not a "
-                                          f"string")
-                    stack.append((v, depth + 1, path + [k]))
-            else:
-                for i, v in enumerate(x):
-                    stack.append((v, depth + 1, path + [i]))
+            d1 = depth + 1
+            for k, v in x.items():
+                if not isinstance(k, str):
+                    raise SchemaError(f"schema key {clip(repr(k), 80)} at {clip(_fmt(_path_of(item)), 200)} is not a "
+                                      f"string")
+                if v is None or isinstance(v, scalar):
+                    nodes += 1  # a scalar needs no stack round trip
+                    continue
+                stack.append((v, d1, item, k))
+            if nodes > MAX_SCHEMA_NODES:
+                raise SchemaError(f"schema too large: more than {MAX_SCHEMA_NODES} values")
+        elif isinstance(x, list):
+            depth = item[1]
+            _enter(x, depth, item, on_path)
+            stack.append((_EXIT, id(x)))
+            d1 = depth + 1
+            for i, v in enumerate(x):
+                if v is None or isinstance(v, scalar):
+                    nodes += 1
+                    continue
+                stack.append((v, d1, item, i))
+            if nodes > MAX_SCHEMA_NODES:
+                raise SchemaError(f"schema too large: more than {MAX_SCHEMA_NODES} values")
         elif isinstance(x, float) and not math.isfinite(x):
-            raise SchemaError(f"schema value {x!r} at {clip(_fmt(path), 200)} is not a JSON number "
+            raise SchemaError(f"schema value {x!r} at {clip(_fmt(_path_of(item)), 200)} is not a JSON number "
                               f"(inf / nan, or a literal beyond the double range such as 1e400)")
         elif isinstance(x, (str, int, float, bool)) or x is None:
             continue
         else:
-            raise SchemaError(f"schema value at {clip(_fmt(path), 200)} is not JSON: {type(x).__name__}")
+            raise SchemaError(f"schema value at {clip(_fmt(_path_of(item)), 200)} is not JSON: {type(x).__name__}")
+
+
+def _path_of(item: tuple) -> list:
+    """The path of a :func:`check_schema_input` stack item (keys from the root)."""
+    path: list = []
+    while item is not None and item[2] is not None:
+        path.append(item[3])
+        item = item[2]
+    return path[::-1]
+
+
+def _enter(x: Any, depth: int, item: tuple, on_path: set[int]) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise SchemaError(f"schema nested too deeply at {clip(_fmt(_path_of(item)), 200)}: more than "
+                          f"{MAX_SCHEMA_DEPTH} levels of objects/arrays")
+    if id(x) in on_path:
+        raise SchemaError(f"schema contains a cycle at {clip(_fmt(_path_of(item)), 200)} (an object that contains "
+                          f"itself is not JSON)")
+    on_path.add(id(x))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,60 +237,77 @@ def _pointer(ref: str) -> tuple | None:
     return tuple(out)
 
 
-def check_ref_cycles(schema: Any) -> None:
+def check_ref_cycles(schema: Any, subs: list | None = None) -> None:
     """Raise :class:`SchemaError` when a local ``$ref`` leads back to a schema it is applied from
     without descending into the instance (through ``allOf``/``anyOf``/``oneOf``/``not``/``if``/
-    ``then``/``else``/``dependentSchemas``/``$ref`` only): such a schema has no finite validation."""
+    ``then``/``else``/``dependentSchemas``/``$ref`` only): such a schema has no finite validation.
+
+    ``subs``: every ``(path, subschema)`` of ``schema`` when already at hand. Subschemas are nodes by
+    identity, and only ``$ref`` targets start the search: in-place edges lead into a schema's own
+    children, so every such cycle passes through a ``$ref``."""
     if not isinstance(schema, dict):
         return
-    by_path: dict[tuple, dict] = {}
-    for path, s in _subschemas(schema):
-        by_path[tuple(str(p) for p in path)] = s
-    if any("$id" in s for p, s in by_path.items() if p):  # embedded resources: refs are relative, skip
+    pairs = subs if subs is not None else list(_subschemas(schema))
+    if any("$id" in s for p, s in pairs if p):  # embedded resources: refs are relative, skip
         return
+    path_of = {id(s): p for p, s in pairs}
 
-    def edges(path: tuple, s: dict) -> Iterator[tuple]:
+    def target(ref: Any) -> dict | None:
+        """The subschema a local ``$ref`` names (None: not a subschema, or dangling: reported elsewhere)."""
+        if not (isinstance(ref, str) and ref.startswith("#")):
+            return None
+        parts = _pointer(ref)
+        if parts is None:
+            return None
+        cur: Any = schema
+        for part in parts:
+            if isinstance(cur, dict) and part in cur:
+                cur = cur[part]
+            elif isinstance(cur, list) and part.isdigit() and str(int(part)) == part and int(part) < len(cur):
+                cur = cur[int(part)]
+            else:
+                return None
+        return cur if isinstance(cur, dict) and id(cur) in path_of else None
+
+    def edges(s: dict) -> Iterator[dict]:
         for kw in _INPLACE_LIST:
             v = s.get(kw)
             if isinstance(v, list):
-                for i in range(len(v)):
-                    yield path + (kw, str(i))
+                yield from (x for x in v if isinstance(x, dict))
         for kw in _INPLACE_ONE:
-            if isinstance(s.get(kw), dict):
-                yield path + (kw,)
+            v = s.get(kw)
+            if isinstance(v, dict):
+                yield v
         ds = s.get("dependentSchemas")
         if isinstance(ds, dict):
-            for k in ds:
-                yield path + ("dependentSchemas", str(k))
-        ref = s.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            tgt = _pointer(ref)
-            if tgt is not None:
-                yield tuple(str(p) for p in tgt)
+            yield from (x for x in ds.values() if isinstance(x, dict))
+        t = target(s.get("$ref"))
+        if t is not None:
+            yield t
 
     WHITE, GREY, BLACK = 0, 1, 2
-    color: dict[tuple, int] = {}
-    for start in by_path:
-        if color.get(start, WHITE) != WHITE:
+    color: dict[int, int] = {}
+    starts = [t for t in (target(s.get("$ref")) for _, s in pairs if "$ref" in s) if t is not None]
+    for start in starts:
+        if color.get(id(start), WHITE) != WHITE:
             continue
-        color[start] = GREY
-        stack: list[tuple[tuple, Iterator[tuple]]] = [(start, edges(start, by_path[start]))]
+        color[id(start)] = GREY
+        stack: list[tuple[dict, Iterator[dict]]] = [(start, edges(start))]
         while stack:
             node, it = stack[-1]
             nxt = next(it, None)
             if nxt is None:
-                color[node] = BLACK
+                color[id(node)] = BLACK
                 stack.pop()
                 continue
-            if nxt not in by_path:
-                continue  # dangling refs are reported elsewhere
-            c = color.get(nxt, WHITE)
+            c = color.get(id(nxt), WHITE)
             if c == GREY:
-                raise SchemaError(f"$ref cycle that consumes no input at {clip(_fmt(list(node)), 200)} -> "
-                                  f"{clip(_fmt(list(nxt)), 200)}: validation would never end", keywords=["$ref"])
+                raise SchemaError(f"$ref cycle that consumes no input at {clip(_fmt(list(path_of[id(node)])), 200)} -> "
+                                  f"{clip(_fmt(list(path_of[id(nxt)])), 200)}: validation would never end",
+                                  keywords=["$ref"])
             if c == WHITE:
-                color[nxt] = GREY
-                stack.append((nxt, edges(nxt, by_path[nxt])))
+                color[id(nxt)] = GREY
+                stack.append((nxt, edges(nxt)))
 
 
 # ----------------------------------------------------------------------------------------------

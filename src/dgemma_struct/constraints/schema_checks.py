@@ -28,28 +28,42 @@ _SUBSCHEMA_KWS = ("items", "additionalProperties", "additionalItems", "contains"
                   "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 
 
+_ALL_SUBSCHEMA_KWS = frozenset(_SUBSCHEMA_DICT_KWS + _SUBSCHEMA_LIST_KWS + _SUBSCHEMA_KWS)
+
+
 def iter_subschemas(schema: Any, path: tuple = ()) -> Iterator[tuple[tuple, dict]]:
-    """Yield (path, subschema-dict) for every subschema."""
+    """Yield (path, subschema-dict) for every subschema, a schema before its children.
+
+    Iterative (a nested generator per level costs O(depth) per subschema) and lazy: a subschema's
+    children are read after the caller has seen it, so a caller may rewrite the subschema it is given."""
     if not isinstance(schema, dict):
         return
-    yield path, schema
-    for kw in _SUBSCHEMA_DICT_KWS:
-        v = schema.get(kw)
-        if isinstance(v, dict):
-            for k, sub in v.items():
-                yield from iter_subschemas(sub, path + (kw, k))
-    for kw in _SUBSCHEMA_LIST_KWS:
-        v = schema.get(kw)
-        if isinstance(v, list):
-            for i, sub in enumerate(v):
-                yield from iter_subschemas(sub, path + (kw, i))
-    for kw in _SUBSCHEMA_KWS:
-        v = schema.get(kw)
-        if isinstance(v, dict):
-            yield from iter_subschemas(v, path + (kw,))
-        elif isinstance(v, list) and kw in ("items", "additionalItems"):
-            for i, sub in enumerate(v):
-                yield from iter_subschemas(sub, path + (kw, i))
+    stack: list[tuple[tuple, dict]] = [(path, schema)]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        path, s = pop()
+        yield path, s
+        if _ALL_SUBSCHEMA_KWS.isdisjoint(s):  # a leaf (most subschemas): no keyword to look up
+            continue
+        kids: list[tuple[tuple, dict]] = []
+        get = s.get
+        for kw in _SUBSCHEMA_DICT_KWS:
+            v = get(kw)
+            if isinstance(v, dict):
+                kids.extend((path + (kw, k), sub) for k, sub in v.items() if isinstance(sub, dict))
+        for kw in _SUBSCHEMA_LIST_KWS:
+            v = get(kw)
+            if isinstance(v, list):
+                kids.extend((path + (kw, i), sub) for i, sub in enumerate(v) if isinstance(sub, dict))
+        for kw in _SUBSCHEMA_KWS:
+            v = get(kw)
+            if isinstance(v, dict):
+                kids.append((path + (kw,), v))
+            elif isinstance(v, list) and kw in ("items", "additionalItems"):
+                kids.extend((path + (kw, i), sub) for i, sub in enumerate(v) if isinstance(sub, dict))
+        if kids:
+            kids.reverse()
+            push(kids)
 
 
 def fmt_path(path: tuple) -> str:
@@ -100,13 +114,14 @@ def _check_metaschema(schema: Any, subs: list | None = None) -> None:
                           f"{clip(e.message)}") from None
 
 
-def _resolve_pointer(root: Any, ref: str) -> bool:
+def _resolve_pointer(root: Any, ref: str, subs: list | None = None) -> bool:
     frag = ref[1:]
     if not frag:
         return True
     if not frag.startswith("/"):
         # plain-name fragment: an $anchor somewhere
-        return any(s.get("$anchor") == frag or s.get("$dynamicAnchor") == frag for _, s in iter_subschemas(root))
+        return any(s.get("$anchor") == frag or s.get("$dynamicAnchor") == frag
+                   for _, s in (subs if subs is not None else iter_subschemas(root)))
     cur = root
     for part in frag[1:].split("/"):
         part = unquote(part).replace("~1", "/").replace("~0", "~")
@@ -119,16 +134,27 @@ def _resolve_pointer(root: Any, ref: str) -> bool:
     return True
 
 
-def _all_refs(schema: Any, path: tuple = ()) -> Iterator[tuple[tuple, str]]:
+def _all_refs(schema: Any, path: tuple = ()) -> list[tuple[tuple, str]]:
+    """Every ``$ref`` / ``$dynamicRef`` string with its path, in document order (``enum`` / ``const`` /
+    ``default`` / ``examples`` values are data, not schemas)."""
+    out: list[tuple[tuple, str]] = []
+    if isinstance(schema, (dict, list)):
+        _collect_refs(schema, path, out)
+    return out
+
+
+def _collect_refs(schema: Any, path: tuple, out: list) -> None:
+    # plain recursion (depth bounded by safety.MAX_SCHEMA_DEPTH); scalars are skipped without a call
     if isinstance(schema, dict):
         for k, v in schema.items():
             if k in ("$ref", "$dynamicRef") and isinstance(v, str):
-                yield path + (k,), v
-            elif k not in ("enum", "const", "default", "examples"):
-                yield from _all_refs(v, path + (k,))
-    elif isinstance(schema, list):
+                out.append((path + (k,), v))
+            elif isinstance(v, (dict, list)) and k not in ("enum", "const", "default", "examples"):
+                _collect_refs(v, path + (k,), out)
+    else:
         for i, v in enumerate(schema):
-            yield from _all_refs(v, path + (i,))
+            if isinstance(v, (dict, list)):
+                _collect_refs(v, path + (i,), out)
 
 
 def _check_refs(schema: Any, subs: list | None = None) -> None:
@@ -136,7 +162,7 @@ def _check_refs(schema: Any, subs: list | None = None) -> None:
     ids = {s.get("$id") for _, s in subs if isinstance(s.get("$id"), str)}
     for path, ref in _all_refs(schema):
         if ref.startswith("#"):
-            if not _resolve_pointer(schema, ref):
+            if not _resolve_pointer(schema, ref, subs):
                 raise SchemaError(f"dangling $ref {ref!r} at {fmt_path(path)}", keywords=["$ref"])
         else:
             base = ref.split("#", 1)[0]
@@ -150,10 +176,19 @@ def is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+_BOUND_KEYS = frozenset(("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+                         "minContains", "maxContains", "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum",
+                         "enum"))
+
+
 def _check_bounds(schema: Any, subs: list | None = None) -> None:
     pairs = [("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"),
              ("minContains", "maxContains")]
     for path, s in (subs if subs is not None else iter_subschemas(schema)):
+        if _BOUND_KEYS.isdisjoint(s):
+            if s.get("type") == []:
+                raise SchemaError(f"unsatisfiable schema at {fmt_path(path)}: empty type list", keywords=["type"])
+            continue
         for lo, hi in pairs:
             if is_number(s.get(lo)) and is_number(s.get(hi)) and s[lo] > s[hi]:
                 raise SchemaError(f"unsatisfiable schema at {fmt_path(path)}: {lo} ({s[lo]}) > {hi} ({s[hi]})",
@@ -173,12 +208,15 @@ def _check_bounds(schema: Any, subs: list | None = None) -> None:
             raise SchemaError(f"unsatisfiable schema at {fmt_path(path)}: empty type list", keywords=["type"])
 
 
-def check_schema(schema: Any, subs: list | None = None) -> None:
-    """All the checks, in order (``subs``: ``list(iter_subschemas(schema))`` when already at hand)."""
+def check_schema(schema: Any, subs: list | None = None, text: str | None = None) -> None:
+    """All the checks, in order (``subs``: ``list(iter_subschemas(schema))`` when already at hand;
+    ``text``: the schema as ``json.dumps`` text, when at hand: without ``"$ref"`` / ``"$dynamicRef"``
+    in it the reference walk is skipped)."""
     subs = subs if subs is not None else (list(iter_subschemas(schema)) if isinstance(schema, dict) else [])
     _check_metaschema(schema, subs)
     if isinstance(schema, dict):
-        _check_refs(schema, subs)
+        if text is None or '"$ref"' in text or '"$dynamicRef"' in text:
+            _check_refs(schema, subs)
         if any("$ref" in s for _, s in subs):
-            check_ref_cycles(schema)
+            check_ref_cycles(schema, subs)
         _check_bounds(schema, subs)

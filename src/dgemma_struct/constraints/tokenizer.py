@@ -9,7 +9,10 @@ vocabulary (byte-level BPE or SentencePiece pieces) with the same rule for speci
 
 The stop ids (EOS plus ``<turn|>`` / ``<end_of_turn>`` when present, or the runtime's
 ``eos_token_id`` list) are passed as llguidance's EOS set, so any of them is accepted wherever EOS is.
-The scan is cached per tokenizer object (and per ``LLTokenizer`` object).
+The scan is cached per tokenizer object (and per ``LLTokenizer`` object); a cache hit reads no
+vocabulary (the default stop ids are kept per tokenizer object too). :func:`vocab_scan` reads an
+``LLTokenizer``'s vocabulary once (special ids, closing tokens, single-byte tokens) when its info is
+built, for every info on it and for budget closing (``closing.closing_candidates``).
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from dgemma_struct.errors import ConstraintError
 
 from .safety import engine_guard
 
-__all__ = ["TokenizerInfo", "get_tokenizer_info", "default_stop_token_ids", "tokenizer_from_tiktoken"]
+__all__ = ["TokenizerInfo", "VocabScan", "vocab_scan", "get_tokenizer_info", "default_stop_token_ids",
+           "tokenizer_from_tiktoken"]
 
 #: turn-end tokens that also stop an answer when present in the vocabulary (Gemma 4, Gemma 3)
 TURN_END_TOKENS = ("<turn|>", "<end_of_turn>")
@@ -178,27 +182,101 @@ class _Wrapper(TokenizerWrapper):
 
 
 _lock = threading.Lock()
-_by_id: dict[int, tuple[Any, str]] = {}  # id(hf) -> (weakref, vocab hash)
+_by_id: dict[int, tuple[Any, dict]] = {}  # id(hf) -> (weakref, {"hash": vocab hash, "stops": default stop ids})
 _infos: "OrderedDict[tuple, TokenizerInfo]" = OrderedDict()
 
 
-def _vocab_hash(hf_tokenizer: Any) -> str:
+def _per_object(hf_tokenizer: Any) -> dict:
+    """Facts cached for one tokenizer *object* (its vocabulary hash, its default stop ids): a cache hit
+    never reads the 262k-entry vocabulary again. Dropped when the tokenizer is collected."""
     key = _by_id.get(id(hf_tokenizer))
     if key is not None and key[0]() is hf_tokenizer:
         return key[1]
-    h = hashlib.sha1()
-    vocab = hf_tokenizer.get_vocab()
-    for s, i in sorted(vocab.items(), key=lambda kv: kv[1]):
-        h.update(b"%d:" % i)
-        h.update(s.encode("utf-8", "surrogatepass"))
-    h.update(repr(sorted(_special_ids(hf_tokenizer))).encode())
-    digest = h.hexdigest()[:16]
     try:
         ref = weakref.ref(hf_tokenizer, lambda _r, k=id(hf_tokenizer): _by_id.pop(k, None))
     except TypeError:  # not weak-referenceable: keep a strong reference
         ref = (lambda obj: (lambda: obj))(hf_tokenizer)
-    _by_id[id(hf_tokenizer)] = (ref, digest)
+    facts: dict = {}
+    _by_id[id(hf_tokenizer)] = (ref, facts)
+    return facts
+
+
+def _vocab_hash(hf_tokenizer: Any) -> str:
+    facts = _per_object(hf_tokenizer)
+    digest = facts.get("hash")
+    if digest is None:
+        h = hashlib.sha1()
+        vocab = hf_tokenizer.get_vocab()
+        for s, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+            h.update(b"%d:" % i)
+            h.update(s.encode("utf-8", "surrogatepass"))
+        h.update(repr(sorted(_special_ids(hf_tokenizer))).encode())
+        digest = facts["hash"] = h.hexdigest()[:16]
     return digest
+
+
+def _default_stops(hf_tokenizer: Any) -> list[int]:
+    """:func:`default_stop_token_ids`, once per tokenizer object (it reads the whole vocabulary)."""
+    facts = _per_object(hf_tokenizer)
+    stops = facts.get("stops")
+    if stops is None:
+        stops = facts["stops"] = default_stop_token_ids(hf_tokenizer)
+    return list(stops)
+
+
+@dataclass(frozen=True)
+class VocabScan:
+    """What one pass over an ``LLTokenizer``'s vocabulary tells (:func:`vocab_scan`): the ids llguidance
+    flags special, the closing tokens (made only of ``"``, ``]``, ``}`` and either led by ``"`` or
+    without one: ``(id, length, led by a quote)``, by id) and, per byte value, the non-special ids
+    whose bytes are that one byte."""
+
+    specials: frozenset[int]
+    closers: tuple[tuple[int, int, bool], ...]
+    single_bytes: dict[int, tuple[int, ...]]
+
+
+_scans: "OrderedDict[int, tuple[Any, VocabScan]]" = OrderedDict()  # id(lltok) -> (lltok kept alive, scan)
+_scan_lock = threading.Lock()
+_CLOSER_BYTES = b'"]}'
+
+
+def _scan(lltok: Any) -> VocabScan:
+    """The one pass over the vocabulary behind :func:`vocab_scan`."""
+    with engine_guard("reading the tokenizer"):
+        n = int(lltok.vocab_size)
+        is_special, dec = lltok.is_special_token, lltok.decode_bytes
+        specials = frozenset(i for i in range(n) if is_special(i))
+        closers: list[tuple[int, int, bool]] = []
+        single: dict[int, list[int]] = {}
+        for t in range(n):
+            bs = dec([t])
+            if len(bs) == 1:
+                if t not in specials:
+                    single.setdefault(bs[0], []).append(t)
+                    if bs[0] in _CLOSER_BYTES:
+                        closers.append((t, 1, bs[0] == 34))
+            elif bs and not bs.translate(None, _CLOSER_BYTES) and t not in specials and \
+                    (bs[0] == 34 or 34 not in bs):  # `"`-led, or no `"` at all
+                closers.append((t, len(bs), bs[0] == 34))
+    return VocabScan(specials, tuple(closers), {b: tuple(ids) for b, ids in single.items()})
+
+
+def vocab_scan(lltok: Any) -> VocabScan:
+    """The :class:`VocabScan` of ``lltok``, read once per ``LLTokenizer`` object (about 0.1 s for a
+    262k vocabulary) and shared by every :class:`TokenizerInfo` built on it. A tokenizer's info is
+    built with it, so budget closing never pays the scan on a request."""
+    with _scan_lock:
+        hit = _scans.get(id(lltok))
+        if hit is not None and hit[0] is lltok:
+            _scans.move_to_end(id(lltok))
+            return hit[1]
+    scan = _scan(lltok)
+    with _scan_lock:
+        _scans[id(lltok)] = (lltok, scan)
+        while len(_scans) > 16:
+            _scans.popitem(last=False)
+    return scan
 
 
 def _is_fast(hf_tokenizer: Any) -> bool:
@@ -236,7 +314,7 @@ def get_tokenizer_info(hf_tokenizer: Any, stop_token_ids: Sequence[int] | None =
     with _lock:
         try:
             stops = tuple(int(x) for x in (stop_token_ids if stop_token_ids is not None
-                                           else default_stop_token_ids(hf_tokenizer)))
+                                           else _default_stops(hf_tokenizer)))
         except (TypeError, ValueError) as e:
             raise ConstraintError(f"stop_token_ids must be a list of ints: {e}") from None
         vh = _vocab_hash(hf_tokenizer)
@@ -254,7 +332,7 @@ def get_tokenizer_info(hf_tokenizer: Any, stop_token_ids: Sequence[int] | None =
             from llguidance.hf import from_tokenizer
             with engine_guard("reading the tokenizer"):
                 lltok = from_tokenizer(hf_tokenizer, n_vocab=max(vocab_size or 0, n_tok), eos_token=list(stops))
-            specials = {i for i in range(lltok.vocab_size) if lltok.is_special_token(i)} | set(stops)
+            specials = set(vocab_scan(lltok).specials) | set(stops)
         else:
             specials = _special_ids(hf_tokenizer)
             tokens = _token_bytes(hf_tokenizer, specials)
@@ -268,6 +346,7 @@ def get_tokenizer_info(hf_tokenizer: Any, stop_token_ids: Sequence[int] | None =
             with engine_guard("reading the tokenizer"):
                 lltok = llg.LLTokenizer(_Wrapper(hf_tokenizer, tokens, sorted(specials), stops[0]),
                                         eos_token=list(stops))
+            vocab_scan(lltok)  # the closing candidates, read once now (never on a request)
         info = TokenizerInfo(lltok=lltok, vocab_size=int(lltok.vocab_size), stop_token_ids=stops,
                              special_token_ids=frozenset(specials), key=f"{vh}:{stops}:{vocab_size}",
                              hf_tokenizer=hf_tokenizer)
@@ -290,7 +369,7 @@ def _info_from_lltok(lltok: Any, stop_token_ids: Sequence[int] | None) -> Tokeni
             return info
     if set(stops) != set(lltok.eos_tokens):
         raise ConstraintError("for an LLTokenizer, stop_token_ids must equal its eos_tokens")
-    specials = frozenset(i for i in range(lltok.vocab_size) if lltok.is_special_token(i)) | set(stops)
+    specials = vocab_scan(lltok).specials | set(stops)
     info = TokenizerInfo(lltok=lltok, vocab_size=int(lltok.vocab_size), stop_token_ids=stops,
                          special_token_ids=frozenset(specials), key=f"lltok:{id(lltok)}:{stops}")
     with _lock:

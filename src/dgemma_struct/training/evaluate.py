@@ -29,20 +29,49 @@ def field_accuracy(value: Any, fields: dict) -> float:
     return sum(value.get(k) == v for k, v in fields.items()) / len(fields)
 
 
+def _answer_part(text: str) -> str:
+    """The answer after a thought block, if any (``text`` decoded with special tokens kept)."""
+    return text.split("<channel|>", 1)[1] if "<channel|>" in text else text
+
+
+def _tool_scores(text: str, expected: list[dict]) -> tuple[bool, bool, float]:
+    """(parsed, same tool names in order, share of expected arguments with the exact value)."""
+    from dgemma_struct.tools.syntax import parse_tool_calls
+
+    try:
+        calls = parse_tool_calls(text)
+    except ValueError:
+        return False, False, 0.0
+    names_ok = [n for n, _ in calls] == [c["name"] for c in expected]
+    hits = total = 0
+    for (_, args), want in zip(calls, expected):
+        for k, v in want["arguments"].items():
+            hits += args.get(k) == v
+    total = sum(len(c["arguments"]) for c in expected)
+    return True, names_ok, hits / max(1, total)
+
+
 def evaluate(runtime: DiffusionRuntime, n: int = 200, *, seed: int = HELD_OUT_SEED, batch_size: int = 16,
              settings: DiffusionSettings | None = None, max_new_tokens: int = 96) -> dict:
-    """Valid-JSON rate, schema-valid rate, field accuracy and TPF per mode on ``n`` held-out
-    JSON prompts (plus exact-match on short answers)."""
+    """Per mode, on ``n`` held-out examples, unconstrained: valid-JSON rate, schema-valid rate,
+    field accuracy and short-answer exact match (prompts without thinking), tool-call parse rate,
+    tool-name and argument accuracy, well-formed thought blocks and their answers' field accuracy
+    (thinking on), and TPF over every row."""
+    from dgemma_struct.prompts import ChatPrompt
+
     examples = make_corpus(n, seed=seed)
+    prompts = [ChatPrompt([{"role": "user", "content": e["prompt"]}], tools=e.get("tools"),
+                          template_kwargs={"enable_thinking": True} if e.get("thinking") else {}) for e in examples]
     report: dict[str, Any] = {"n": n, "seed": seed}
+    tok = runtime.tokenizer
     for mode in ("diffusion", "ar"):
         rows = []
         for i in range(0, n, batch_size):
-            chunk = examples[i:i + batch_size]
-            results = runtime.generate_batch([e["prompt"] for e in chunk], max_new_tokens=max_new_tokens, seed=i,
+            results = runtime.generate_batch(prompts[i:i + batch_size], max_new_tokens=max_new_tokens, seed=i,
                                              mode=mode, settings=settings)
-            rows.extend(zip(chunk, results))
-        json_rows = [(e, r) for e, r in rows if e["kind"] == "json"]
+            for e, r in zip(examples[i:i + batch_size], results):
+                rows.append((e, r, tok.decode(r.token_ids, skip_special_tokens=False)))
+        json_rows = [(e, r) for e, r, _ in rows if e["kind"] == "json" and not e["thinking"]]
         valid = schema_valid = 0
         acc = []
         for e, r in json_rows:
@@ -58,16 +87,35 @@ def evaluate(runtime: DiffusionRuntime, n: int = 200, *, seed: int = HELD_OUT_SE
             except jsonschema.ValidationError:
                 pass
             acc.append(field_accuracy(v, e["fields"]))
-        short = [(e, r) for e, r in rows if e["kind"] == "short"]
+        short = [(e, r) for e, r, _ in rows if e["kind"] == "short" and not e["thinking"]]
+        tools = [(_tool_scores(_answer_part(raw), e["fields"]["calls"])) for e, _, raw in rows if e["kind"] == "tool"]
+        thinking = [(e, raw) for e, _, raw in rows if e["thinking"]]
+        think_json = []
+        for e, raw in thinking:
+            if e["kind"] == "json":
+                try:
+                    think_json.append(field_accuracy(json.loads(_answer_part(raw)), e["fields"]))
+                except ValueError:
+                    think_json.append(0.0)
         report[mode] = {
             "json_prompts": len(json_rows),
             "valid_json_rate": valid / max(1, len(json_rows)),
             "schema_valid_rate": schema_valid / max(1, len(json_rows)),
             "field_accuracy": statistics.mean(acc) if acc else 0.0,
+            "short_prompts": len(short),
             "short_answer_exact": sum(r.text == e["answer"] for e, r in short) / max(1, len(short)),
-            "mean_tokens_per_forward": statistics.mean(r.stats.tokens_per_forward for _, r in rows),
-            "mean_forward_passes": statistics.mean(r.stats.forward_passes for _, r in rows),
-            "samples": [{"prompt": e["prompt"], "expected": e["answer"], "got": r.text} for e, r in json_rows[:3]],
+            "tool_prompts": len(tools),
+            "tool_calls_parsed": sum(t[0] for t in tools) / max(1, len(tools)),
+            "tool_names_exact": sum(t[1] for t in tools) / max(1, len(tools)),
+            "tool_argument_accuracy": statistics.mean(t[2] for t in tools) if tools else 0.0,
+            "thinking_prompts": len(thinking),
+            "thought_block_well_formed": sum(raw.startswith("<|channel>thought\n") and "<channel|>" in raw
+                                             for _, raw in thinking) / max(1, len(thinking)),
+            "thinking_json_field_accuracy": statistics.mean(think_json) if think_json else 0.0,
+            "mean_tokens_per_forward": statistics.mean(r.stats.tokens_per_forward for _, r, _ in rows),
+            "mean_forward_passes": statistics.mean(r.stats.forward_passes for _, r, _ in rows),
+            "samples": [{"prompt": e["prompt"], "expected": e["answer"], "got": raw}
+                        for e, _, raw in rows if e["kind"] in ("json", "tool")][:4],
         }
     return report
 

@@ -21,36 +21,64 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dgemma_struct.model_config import (CHAT_TEMPLATE, EOS_ID, EOT_ID, PAD_ID, SPECIAL_TOKENS,
+from dgemma_struct.model_config import (BOS_ID, PAD_ID, SPECIAL_TOKENS, STOP_IDS, TURN_END_ID, chat_template,
                                         embedded_config)
 from dgemma_struct.training.corpus import make_corpus
 
 
 def build_tokenizer(texts: list[str], vocab_size: int = 2048):
-    """Byte-level BPE trained on ``texts``, wrapped as a ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Byte-level BPE trained on ``texts`` with Gemma 4's control tokens (the only special tokens)
+    and DiffusionGemma's chat template, wrapped as a ``PreTrainedTokenizerFast``.
+
+    Digits are single tokens, as in Gemma's SentencePiece vocabulary, and a space is a token of its
+    own, so a word or number is the same token sequence in the prompt's sentence and in the answer's
+    JSON: a 5M-parameter model then learns to copy instead of learning a second spelling of each name."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"\s"), behavior="isolated"), pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
-                                 unk_token="<unk>", additional_special_tokens=["<start_of_turn>", "<end_of_turn>"])
-    hf.chat_template = CHAT_TEMPLATE
+                                 unk_token="<unk>", mask_token="<mask>",
+                                 additional_special_tokens=SPECIAL_TOKENS[5:])
+    hf.chat_template = chat_template()
     hf.padding_side = "left"
     assert hf.convert_tokens_to_ids(SPECIAL_TOKENS) == list(range(len(SPECIAL_TOKENS)))
     return hf
 
 
+def tokenizer_texts(corpus: list[dict]) -> list[str]:
+    """What the BPE merges are learned from: prompts, answers and the tool declarations as the chat
+    template renders them (control tokens dropped: they are never merged)."""
+    import re
+
+    from dgemma_struct.training.dialect_corpus import TOOLS
+
+    rendered = build_tokenizer(["x"], 300).apply_chat_template(
+        [{"role": "user", "content": "x"}], tools=list(TOOLS.values()), tokenize=False)
+    declarations = re.sub(r"<[^>]*\|>|<\|[^>]*>", " ", rendered)
+    n_tool = sum(1 for e in corpus if e.get("tools"))
+    return [e["prompt"] for e in corpus] + [e["answer"] for e in corpus] + [declarations] * n_tool
+
+
 def encode_example(tokenizer, ex: dict) -> tuple[list[int], list[int]]:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": ex["prompt"]}], add_generation_prompt=True,
+    """Prompt ids through the chat template (tools, thinking) and answer ids with the stop token the
+    model must learn to write: ``<turn|>`` after an answer; a tool-call answer already ends in
+    ``<|tool_response>``."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": ex["prompt"]}], tools=ex.get("tools"),
+                                           enable_thinking=bool(ex.get("thinking")), add_generation_prompt=True,
                                            tokenize=True)
     if hasattr(prompt, "keys"):
         prompt = prompt["input_ids"]
-    answer = tokenizer(ex["answer"], add_special_tokens=False)["input_ids"] + [EOT_ID]
+    answer = tokenizer(ex["answer"], add_special_tokens=False)["input_ids"]
+    if ex.get("kind") != "tool":
+        answer = answer + [TURN_END_ID]
     return list(prompt), answer
 
 
@@ -115,15 +143,16 @@ def loss_on_batch(model, batch: dict, self_condition: bool):
 
 
 def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None = None, batch_size: int = 24,
-          lr: float = 2e-3, seed: int = 0, corpus_size: int = 60_000, vocab_size: int = 1024,
+          lr: float = 2e-3, seed: int = 0, corpus_size: int = 60_000, vocab_size: int = 2048,
           threads: int = 2, log_every: int = 25, resume: bool = False) -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
 
     With ``max_steps`` the learning-rate schedule follows steps, so a run is deterministic for a
-    seed and thread count (``minutes`` is then only a safety cap); without it the schedule follows
-    wall time, which fits a budget but depends on the machine's speed."""
-    from transformers import DiffusionGemmaForBlockDiffusion
+    seed and thread count (``minutes`` is then only a cap on this call); without it the schedule
+    follows wall time. Every 250 steps the model, the optimizer and the random states are saved
+    (``train_state.pt``), so ``resume=True`` continues the same run, schedule included, where it stopped."""
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -134,39 +163,51 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
 
     corpus = make_corpus(corpus_size, seed=seed)
     log: list[dict] = []
-    if resume:  # a second phase: continue from the checkpoint in out_dir, log appended
-        from transformers import AutoTokenizer
-
+    state_path = out_dir / "train_state.pt"
+    if resume:
         tokenizer = AutoTokenizer.from_pretrained(out_dir)
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(out_dir)
-        config = model.config
         log = json.loads((out_dir / "training_log.json").read_text())
-        meta0 = json.loads((out_dir / "training_meta.json").read_text())
-        step_offset, minutes_offset = meta0["steps"], meta0["minutes"]
     else:
-        tokenizer = build_tokenizer([e["prompt"] for e in corpus] + [e["answer"] for e in corpus], vocab_size)
-        config = embedded_config(len(tokenizer))
-        model = DiffusionGemmaForBlockDiffusion(config)
-        step_offset, minutes_offset = 0, 0.0
+        tokenizer = build_tokenizer(tokenizer_texts(corpus), vocab_size)
+        model = DiffusionGemmaForBlockDiffusion(embedded_config(len(tokenizer)))
+    config = model.config
     encoded = [encode_example(tokenizer, e) for e in corpus]
+    # Tool prompts carry declarations (~4x longer): a batch holds one kind, so short rows are not
+    # padded to a tool prompt's length.
+    groups = ([i for i, e in enumerate(corpus) if not e.get("tools")], [i for i, e in enumerate(corpus) if e.get("tools")])
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    warmup = 150 if not resume else 20
-    total_s = minutes * 60
+    step, seconds_before = 0, 0.0
+    if resume:
+        state = torch.load(state_path, weights_only=False)
+        opt.load_state_dict(state["optimizer"])
+        step, seconds_before = state["step"], state["seconds"]
+        rng.setstate(state["rng"])
+        gen.set_state(state["gen"])
+        torch.set_rng_state(state["torch_rng"])
+    warmup = 150
     start = time.time()
-    step = 0
     step_budget = max_steps if max_steps is not None else 10**9
-    bar = tqdm(total=max_steps, desc="train", unit="step", mininterval=5)
+    bar = tqdm(total=max_steps, initial=step, desc="train", unit="step", mininterval=5)
+
+    def checkpoint() -> None:
+        save(model, tokenizer, out_dir)
+        torch.save({"optimizer": opt.state_dict(), "step": step, "seconds": seconds_before + time.time() - start,
+                    "rng": rng.getstate(), "gen": gen.get_state(), "torch_rng": torch.get_rng_state()}, state_path)
+        (out_dir / "training_log.json").write_text(json.dumps(log))
+
     while step < step_budget:
         elapsed = time.time() - start
-        if elapsed > total_s:
+        if elapsed > minutes * 60:
             break
-        frac = min(1.0, step / max_steps if max_steps is not None else elapsed / total_s)
+        frac = min(1.0, step / max_steps if max_steps is not None else elapsed / (minutes * 60))
         cur_lr = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for g in opt.param_groups:
             g["lr"] = cur_lr
-        batch = make_batch([encoded[rng.randrange(len(encoded))] for _ in range(batch_size)],
+        group = groups[0] if rng.random() < len(groups[0]) / len(encoded) else groups[1]
+        batch = make_batch([encoded[group[rng.randrange(len(group))]] for _ in range(batch_size)],
                            config.canvas_length, config.text_config.vocab_size, gen, rng)
         diff_loss, ar_loss = loss_on_batch(model, batch, self_condition=rng.random() < 0.5)
         loss = diff_loss + ar_loss
@@ -177,22 +218,21 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
         step += 1
         bar.update(1)
         if step % log_every == 0 or step == 1:
-            rec = {"step": step + step_offset, "s": round(time.time() - start + 60 * minutes_offset, 1), "lr": cur_lr,
+            rec = {"step": step, "s": round(seconds_before + time.time() - start, 1), "lr": cur_lr,
                    "diffusion_loss": round(diff_loss.item(), 4), "ar_loss": round(ar_loss.item(), 4)}
             log.append(rec)
             bar.set_postfix(diff=rec["diffusion_loss"], ar=rec["ar_loss"])
             (out_dir / "training_log.json").write_text(json.dumps(log))
-        if step % 500 == 0:
-            save(model, tokenizer, out_dir)
+        if step % 250 == 0:
+            checkpoint()
     bar.close()
     model.eval()
-    save(model, tokenizer, out_dir)
-    meta = {"steps": step + step_offset, "minutes": round((time.time() - start) / 60 + minutes_offset, 2),
-            "phases": (meta0.get("phases", 1) + 1) if resume else 1, "batch_size": batch_size, "lr": lr,
+    checkpoint()
+    total_s = seconds_before + time.time() - start
+    meta = {"steps": step, "minutes": round(total_s / 60, 2), "batch_size": batch_size, "lr": lr,
             "seed": seed, "corpus_size": corpus_size, "vocab_size": len(tokenizer), "parameters": n_params,
             "canvas_length": config.canvas_length, "threads": threads,
             "schedule": "steps" if max_steps is not None else "wall-time"}
-    (out_dir / "training_log.json").write_text(json.dumps(log))
     (out_dir / "training_meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
@@ -208,7 +248,7 @@ def default_generation_config():
     return DiffusionGemmaGenerationConfig(
         max_new_tokens=128, max_denoising_steps=32, sampler_config=EntropyBoundSamplerConfig(entropy_bound=1.0),
         t_min=0.3, t_max=0.8, stability_threshold=0, confidence_threshold=0.3,
-        eos_token_id=[EOS_ID, EOT_ID], pad_token_id=PAD_ID, bos_token_id=2)
+        eos_token_id=list(STOP_IDS), pad_token_id=PAD_ID, bos_token_id=BOS_ID)
 
 
 def save(model, tokenizer, out_dir: Path) -> None:
