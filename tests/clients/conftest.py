@@ -54,3 +54,13 @@ def oai(server_url):
     client = OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=180)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def embedded_server_url():
+    """A server on the embedded model (Gemma 4's dialect: tool and channel tokens, trained on tool calls)."""
+    from dgemma_struct.runtime import DiffusionRuntime
+
+    with running_server(DiffusionRuntime.default(), max_tokens_cap=1024, default_max_tokens=96,
+                        request_timeout_s=120) as url:
+        yield url

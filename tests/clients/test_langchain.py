@@ -62,6 +62,12 @@ PERSON_PROMPT = "Extract the person.\nAda Lovelace, 36, is an engineer."
 
 
 @pytest.fixture(scope="module")
+def server_url(embedded_server_url):
+    """These clients run against the embedded model (the issue's bar: valid tool arguments on it)."""
+    return embedded_server_url
+
+
+@pytest.fixture(scope="module")
 def llm(server_url, model_id):
     return langchain_openai.ChatOpenAI(model=model_id, base_url=f"{server_url}/v1", api_key="unused",
                                        max_retries=0, timeout=180, max_tokens=96, seed=0)

@@ -51,6 +51,12 @@ class Pet(BaseModel):
 
 
 @pytest.fixture(scope="module")
+def server_url(embedded_server_url):
+    """These clients run against the embedded model (the issue's bar: valid tool arguments on it)."""
+    return embedded_server_url
+
+
+@pytest.fixture(scope="module")
 def model(server_url, model_id):
     return OpenAIChatModel(model_id, provider=OpenAIProvider(base_url=f"{server_url}/v1", api_key="unused"))
 
