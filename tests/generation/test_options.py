@@ -101,13 +101,15 @@ class _EmptyAtFrontier:
     (what an llguidance matcher in an error state gives): fault injection for the dead-end path."""
 
     def __init__(self, walker, after):
-        self._w, self._after = walker, after
+        self._w, self._after, self.dead_at = walker, after, None
 
     def __getattr__(self, name):
         return getattr(self._w, name)
 
     def _dead(self):
-        return len(self._w.frozen_tokens) >= self._after
+        if len(self._w.frozen_tokens) >= self._after and self.dead_at is None:
+            self.dead_at = len(self._w.frozen_tokens)
+        return self.dead_at is not None
 
     def walk(self, draft):
         res = self._w.walk(draft)
@@ -132,7 +134,8 @@ def test_an_empty_mask_is_a_dead_end_never_nan(tiny_runtime, mode):
     guide = ConstraintGuide([w], pad_token_id=0)
     res = tiny_runtime.generate("x", max_new_tokens=32, seed=0, mode=mode, hook=guide)
     assert guide.outcome(0).dead_end and guide.rows[0].no_allowed
-    assert len(w.frozen_tokens) == 3  # nothing committed past the dead end
+    assert w.dead_at is not None and w.dead_at >= 3
+    assert len(w.frozen_tokens) == w.dead_at  # nothing committed past the dead end
     assert res.stats.forward_passes > 0
 
 

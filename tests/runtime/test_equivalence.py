@@ -58,7 +58,7 @@ def test_eos_pads_rest_of_canvas_and_stops(tiny_model):
     class ForceEos(NullHook):
         def mask_logits(self, view):
             view.logits[:, 5, :] = float("-inf")
-            view.logits[:, 5, 4] = 0.0
+            view.logits[:, 5, 6] = 0.0  # <turn|>
 
     ids = torch.randint(5, 512, (2, 6), generator=torch.Generator().manual_seed(2))
     torch.manual_seed(0)
@@ -67,5 +67,5 @@ def test_eos_pads_rest_of_canvas_and_stops(tiny_model):
     new = out.sequences[:, 6:]
     assert out.canvases == 1 and new.shape[1] == 16
     for row in new.tolist():
-        first = min(i for i, t in enumerate(row) if t in (1, 4))
+        first = min(i for i, t in enumerate(row) if t in (1, 6, 14))
         assert first <= 5 and all(t == 0 for t in row[first + 1:])

@@ -187,8 +187,6 @@ BAD = [
     ("too many stops", {"messages": MSG, "stop": ["a"] * 17}, 400, "invalid_stop"),
     ("empty stop", {"messages": MSG, "stop": [""]}, 400, "invalid_stop"),
     ("bad GBNF", {"messages": MSG, "guided_grammar": 'root ::= ("a"'}, 400, "invalid_grammar"),
-    ("tools on a model without tool tokens", {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]},
-     400, "tools_unsupported_by_model"),
     ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
      "unsupported_content"),
     ("unknown model", {"model": "gpt-9", "messages": MSG}, 404, "model_not_found"),

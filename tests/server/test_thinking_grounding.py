@@ -80,6 +80,13 @@ def test_thinking_on_a_model_without_channel_tokens_is_a_precise_400(gemma3_clie
     jsonschema.validate(json.loads(msg["content"]), SCHEMA)
 
 
+def test_tools_on_a_model_without_tool_tokens_is_a_precise_400(gemma3_client):
+    r = gemma3_client.post("/v1/chat/completions", json=_chat("hi", tools=[
+        {"type": "function", "function": {"name": "f"}}]))
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == ("tools", "tools_unsupported_by_model")
+
+
 def test_thinking_then_json_on_the_embedded_model(eclient):
     """The embedded model speaks Gemma 4's dialect: with thinking on it writes a thought, then the
     constrained answer; the thought comes back as ``reasoning_content``, never in ``content``."""
