@@ -32,14 +32,8 @@ from dgemma_struct.prompts import ChatPrompt
 from dgemma_struct.runtime import DiffusionRuntime
 from dgemma_struct.tools import generate_tool_calls
 from dgemma_struct.tools.syntax import parse_tool_calls
-from dgemma_struct.training.evaluate import HELD_OUT_SEED
+from dgemma_struct.training.evaluate import HELD_OUT_SEED, call_scores
 from dgemma_struct.training.corpus import make_corpus
-
-
-def _scores(calls: list[tuple[str, dict]], expected: list[dict]) -> tuple[bool, float]:
-    names_ok = [n for n, _ in calls] == [c["name"] for c in expected]
-    hits = sum(args.get(k) == v for (_, args), want in zip(calls, expected) for k, v in want["arguments"].items())
-    return names_ok, hits / max(1, sum(len(c["arguments"]) for c in expected))
 
 
 def _valid(calls: list[tuple[str, dict]], tools: list[dict]) -> bool:
@@ -69,7 +63,7 @@ def run(rt: DiffusionRuntime, examples: list[dict], mode: str, max_new_tokens: i
             parsed = True
         except ValueError:
             calls, parsed = [], False
-        names_ok, acc = _scores(calls, e["fields"]["calls"])
+        names_ok, acc = call_scores(calls, e["fields"]["calls"])
         rows["unconstrained"].append(dict(parsed=parsed, valid=parsed and _valid(calls, e["tools"]), names=names_ok,
                                           acc=acc, wall=wall, fwd=r.stats.forward_passes, error=None))
         t0 = time.perf_counter()
@@ -81,7 +75,7 @@ def run(rt: DiffusionRuntime, examples: list[dict], mode: str, max_new_tokens: i
         except DgemmaStructError as err:
             calls, error, fwd = [], type(err).__name__, 0
         wall = time.perf_counter() - t0
-        names_ok, acc = _scores(calls, e["fields"]["calls"])
+        names_ok, acc = call_scores(calls, e["fields"]["calls"])
         rows["constrained"].append(dict(parsed=error is None, valid=error is None and _valid(calls, e["tools"]),
                                         names=names_ok, acc=acc, wall=wall, fwd=fwd, error=error))
     out = {}

@@ -193,23 +193,26 @@ def tiny_runtime(*, seed: int = 0, vocab_size: int = 512, canvas_length: int = 1
     return rt
 
 
-def gemma3_style_tokenizer(vocab_size: int = 400):
+def gemma3_style_tokenizer(vocab_size: int = 400, texts: Sequence[str] | None = None):
     """A small byte-level BPE with Gemma 3's turn tokens (``<start_of_turn>``/``<end_of_turn>``) and
     none of Gemma 4's control tokens: what an older checkpoint brings. Thinking and tool calls
-    must be refused with a typed error on it."""
+    must be refused with a typed error on it. ``texts``: what the merges are learned from (default:
+    the project's corpus without tool or thinking examples)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     from dgemma_struct.training.corpus import make_corpus
 
+    if texts is None:
+        texts = [e["prompt"] + " " + e["answer"]
+                 for e in make_corpus(200, seed=5, tool_fraction=0.0, thinking_fraction=0.0)]
     specials = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<unk>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([e["prompt"] + " " + e["answer"] for e in make_corpus(200, seed=5, tool_fraction=0.0,
-                                                                                   thinking_fraction=0.0)],
-                            trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                       show_progress=False,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>",
                                    unk_token="<unk>", additional_special_tokens=specials[3:5])
 

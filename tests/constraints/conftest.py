@@ -13,8 +13,7 @@ SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<unk
 
 
 def make_tokenizer(vocab_size: int = 1200):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from dgemma_struct.testing import gemma3_style_tokenizer
 
     rnd = random.Random(0)
     words = ["name", "age", "id", "items", "value", "true", "false", "null", "type", "email", "date", "city",
@@ -28,14 +27,7 @@ def make_tokenizer(vocab_size: int = 1200):
         texts.append(json.dumps(d, separators=(",", ":")))
     texts += ["a = 1, b = 2", "x+y*(3-4)/5", "The quick brown fox jumps over the lazy dog.", "yes no maybe",
               "2024-01-31T12:00:00Z", "user@example.com"]
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tk.train_from_iterator(texts, tr)
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>",
-                                   unk_token="<unk>", additional_special_tokens=["<start_of_turn>", "<end_of_turn>"])
+    return gemma3_style_tokenizer(vocab_size, texts)
 
 
 @pytest.fixture(scope="session")

@@ -136,31 +136,20 @@ def check_schema_input(schema: Any) -> None:
         nodes += 1
         if nodes > MAX_SCHEMA_NODES:
             raise SchemaError(f"schema too large: more than {MAX_SCHEMA_NODES} values")
-        if isinstance(x, dict):
+        if isinstance(x, (dict, list)):
+            is_dict = isinstance(x, dict)
             depth = item[1]
             _enter(x, depth, item, on_path)
             stack.append((_EXIT, id(x)))
             d1 = depth + 1
-            for k, v in x.items():
-                if not isinstance(k, str):
+            for k, v in (x.items() if is_dict else enumerate(x)):
+                if is_dict and not isinstance(k, str):
                     raise SchemaError(f"schema key {clip(repr(k), 80)} at {clip(_fmt(_path_of(item)), 200)} is not a "
                                       f"string")
                 if v is None or isinstance(v, scalar):
                     nodes += 1  # a scalar needs no stack round trip
                     continue
                 stack.append((v, d1, item, k))
-            if nodes > MAX_SCHEMA_NODES:
-                raise SchemaError(f"schema too large: more than {MAX_SCHEMA_NODES} values")
-        elif isinstance(x, list):
-            depth = item[1]
-            _enter(x, depth, item, on_path)
-            stack.append((_EXIT, id(x)))
-            d1 = depth + 1
-            for i, v in enumerate(x):
-                if v is None or isinstance(v, scalar):
-                    nodes += 1
-                    continue
-                stack.append((v, d1, item, i))
             if nodes > MAX_SCHEMA_NODES:
                 raise SchemaError(f"schema too large: more than {MAX_SCHEMA_NODES} values")
         elif isinstance(x, float) and not math.isfinite(x):

@@ -34,6 +34,13 @@ def _answer_part(text: str) -> str:
     return text.split("<channel|>", 1)[1] if "<channel|>" in text else text
 
 
+def call_scores(calls: list[tuple[str, dict]], expected: list[dict]) -> tuple[bool, float]:
+    """(the expected tool names in order, share of expected arguments with the exact value)."""
+    names_ok = [n for n, _ in calls] == [c["name"] for c in expected]
+    hits = sum(args.get(k) == v for (_, args), want in zip(calls, expected) for k, v in want["arguments"].items())
+    return names_ok, hits / max(1, sum(len(c["arguments"]) for c in expected))
+
+
 def _tool_scores(text: str, expected: list[dict]) -> tuple[bool, bool, float]:
     """(parsed, same tool names in order, share of expected arguments with the exact value)."""
     from dgemma_struct.tools.syntax import parse_tool_calls
@@ -42,13 +49,7 @@ def _tool_scores(text: str, expected: list[dict]) -> tuple[bool, bool, float]:
         calls = parse_tool_calls(text)
     except ValueError:
         return False, False, 0.0
-    names_ok = [n for n, _ in calls] == [c["name"] for c in expected]
-    hits = total = 0
-    for (_, args), want in zip(calls, expected):
-        for k, v in want["arguments"].items():
-            hits += args.get(k) == v
-    total = sum(len(c["arguments"]) for c in expected)
-    return True, names_ok, hits / max(1, total)
+    return (True, *call_scores(calls, expected))
 
 
 def evaluate(runtime: DiffusionRuntime, n: int = 200, *, seed: int = HELD_OUT_SEED, batch_size: int = 16,
