@@ -24,6 +24,7 @@ FORBIDDEN = {
     "dgemma_struct.repair": ["dgemma_struct.api", "dgemma_struct.server"],
     "dgemma_struct.guide": ["dgemma_struct.api", "dgemma_struct.repair", "dgemma_struct.server"],
     "dgemma_struct.api": ["dgemma_struct.server", "dgemma_struct.grounding", "dgemma_struct.tools"],
+    "dgemma_struct.continuous": ["dgemma_struct.api", "dgemma_struct.server"],
 }
 
 

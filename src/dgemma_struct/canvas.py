@@ -4,20 +4,26 @@ else, so the constraint layer can act at every step through a :class:`~dgemma_st
 
 With no hook it reproduces ``DiffusionGemmaForBlockDiffusion.generate`` exactly (same RNG draws in
 the same order), which ``tests/runtime/test_equivalence.py`` pins. The outer loop is numbered as
-transformers' is; each step is one helper below.
+transformers' is; each step is one helper in :mod:`dgemma_struct.canvas_steps`.
+
+:class:`CanvasBatch` holds a running batch: rows **join** at canvas boundaries (their prompts
+encoded and their cache rows merged, left-padded to the batch's length) and **leave** as soon as
+they finish (their cache rows dropped); inside a canvas, rows whose denoising stopped are left out
+of the forward. :func:`diffusion_loop` is one such batch from start to end; the server's scheduler
+keeps batches running and admits requests into them (:mod:`dgemma_struct.continuous`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
+from dgemma_struct.canvas_steps import (Run, cat_caches, commit_canvas, denoise_step, encode_committed,
+                                        next_canvas, pad_after_eos, start_canvas)
 from dgemma_struct.forward import Clock, encode
-from dgemma_struct.hooks import NullHook, StepHook, StepView
-from dgemma_struct.sampler import (DiffusionSettings, StableAndConfident, entropy_bound_accept, random_canvas,
-                                   sample_rows, sample_tokens, step_entropy, step_entropy_at, temperature,
-                                   top_p_filter)
+from dgemma_struct.hooks import NullHook, StepHook
+from dgemma_struct.sampler import DiffusionSettings, StableAndConfident
 
 
 @dataclass
@@ -31,220 +37,218 @@ class LoopOutput:
 
 
 @dataclass
-class _Run:
-    """One call's fixed inputs and the batch state carried from canvas to canvas."""
+class FinishedRow:
+    """A row that left a :class:`CanvasBatch`: its id, the tokens it generated (whole canvases:
+    pad after a stop token, nothing cut) and the decoder passes it took part in."""
 
-    model: object
-    settings: DiffusionSettings
-    hook: StepHook
-    reproduce: bool                 # no hook: step every row until all stop, as ``model.generate`` does
-    generators: Sequence[torch.Generator] | None
-    greedy: bool
-    scale: float | None             # the user temperature on top of the schedule (None: 1)
-    top_p: float
-    pad_token_id: int | None
-    eos: torch.Tensor
-    cache: object
-    attention_mask: torch.Tensor    # [B, T] bool, grows by L per canvas
-    dec_attn: torch.Tensor          # [B, T + L] bool
-    enc_pos: torch.Tensor
-    dec_pos: torch.Tensor
-    cur_len: int
-    sequences: torch.Tensor
-    finished: torch.Tensor          # [B] rows that produced a stop token
-    passes: torch.Tensor            # [B] decoder passes per row
-    clock: Clock
-    stopper: StableAndConfident
-    steps: int = 0
-    canvases: int = 0
-
-    @property
-    def L(self) -> int:
-        return self.model.config.canvas_length
-
-    @property
-    def V(self) -> int:
-        return self.model.config.text_config.vocab_size
+    id: int
+    tokens: torch.Tensor
+    passes: int
 
 
-@dataclass
-class _Canvas:
-    """One canvas being denoised."""
-
-    index: int
-    canvas: torch.Tensor            # [B, L] the noisy canvas fed to the next forward
-    argmax: torch.Tensor            # [B, L] the latest draft
-    masks: object                   # the decoder attention masks
-    done: torch.Tensor              # [B] rows whose denoising stopped
-    view: StepView
-    sc_logits: torch.Tensor | None = None   # the last step's logits, fed back as self-conditioning
-
-
-def _one_hot_frozen(logits: torch.Tensor, frozen: torch.Tensor, frozen_tokens: torch.Tensor) -> None:
-    """Frozen positions get a one-hot distribution on their token: zero entropy, always re-accepted."""
-    if frozen.any():
-        rows = logits[frozen]
-        rows.fill_(float("-inf"))
-        rows.scatter_(-1, frozen_tokens[frozen].unsqueeze(-1), 0.0)
-        logits[frozen] = rows
-
-
-def _encode_committed(run: _Run, canvas_index: int) -> None:
-    """1.a Encode what is not cached yet: the prompt, then each committed canvas."""
-    new_ids = run.sequences if canvas_index == 0 else run.sequences[:, -run.L:]
-    new_ids = new_ids.clone(memory_format=torch.contiguous_format)
-    with run.clock.model():
-        run.cache = encode(run.model, new_ids, run.attention_mask, run.cache, run.enc_pos).past_key_values
-
-
-def _start_canvas(run: _Run, canvas_index: int) -> _Canvas:
-    """1.b A fresh noise canvas; the hook may freeze positions and finish rows up front."""
-    model, B, L, device = run.model, run.sequences.shape[0], run.L, run.sequences.device
-    canvas = random_canvas(B, L, run.V, device, run.generators, rows=~run.finished)
-    masks = model.model.decoder.create_diffusion_decoder_attention_mask(
-        config=model.config, inputs_embeds=canvas.unsqueeze(-1), past_key_values=run.cache,
-        decoder_attention_mask=run.dec_attn)
-    run.stopper.reset()
-    frozen = torch.zeros(B, L, dtype=torch.bool, device=device)
-    frozen_tokens = torch.full((B, L), run.pad_token_id if run.pad_token_id is not None else 0, device=device)
-    max_steps = run.settings.max_denoising_steps
-    view = StepView(canvas_index=canvas_index, step=max_steps, max_steps=max_steps, logits=torch.empty(0),
-                    canvas=canvas, frozen=frozen, frozen_tokens=frozen_tokens,
-                    done=torch.zeros(B, dtype=torch.bool, device=device), active=~run.finished)
-    with run.clock.hook():
-        run.hook.start_canvas(view)
-    canvas = torch.where(view.frozen, view.frozen_tokens, canvas)
-    done = torch.zeros(B, dtype=torch.bool, device=device) | view.done
-    return _Canvas(index=canvas_index, canvas=canvas, argmax=canvas, masks=masks, done=done, view=view)
-
-
-def _mask(run: _Run, c: _Canvas, logits: torch.Tensor, cur_step: int, active: torch.Tensor) -> torch.Tensor:
-    """The hook's ``mask_logits``; returns the argmax of the masked logits."""
-    view = c.view
-    frozen, frozen_tokens = view.frozen, view.frozen_tokens
-    with run.clock.hook():
-        _one_hot_frozen(logits, frozen, frozen_tokens)
-        view.step, view.logits, view.canvas = cur_step, logits, c.canvas
-        view.active, view.sample_at = active, None
-        # the draft before masking, computed once for the hook; the hook reports the positions it
-        # changed (``view.touched``) so only those are argmaxed again
-        view.draft, view.touched = torch.argmax(logits, dim=-1), None
-        run.hook.mask_logits(view)
-        if run.reproduce:  # no hook: nothing changed the logits
-            return view.draft
-        if view.touched is None:
-            return torch.argmax(logits, dim=-1)
-        argmax = view.draft.clone()
-        if view.touched.any():
-            argmax[view.touched] = torch.argmax(logits[view.touched], dim=-1)
-        return argmax
-
-
-def _draw(run: _Run, c: _Canvas, logits: torch.Tensor, argmax: torch.Tensor, accept: torch.Tensor,
-          frozen: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-    """The denoiser's sample: per-row generators draw only where the step can change the canvas;
-    the global RNG draws every position, as transformers does."""
+def _evict(run: Run, keep: torch.Tensor) -> None:
+    """Only the rows in ``keep`` (bool ``[B]``) stay: their cache rows, masks and state."""
+    rows = torch.nonzero(keep).squeeze(-1)
+    run.cache.batch_select_indices(rows)
+    run.sequences, run.attention_mask, run.dec_attn = run.sequences[rows], run.attention_mask[rows], run.dec_attn[rows]
+    run.finished, run.passes, run.canvases_left = run.finished[rows], run.passes[rows], run.canvases_left[rows]
+    kept = rows.tolist()
     if run.generators is not None:
-        where = accept & ~frozen & active[:, None]
-        if c.view.sample_at is not None:
-            where |= c.view.sample_at & active[:, None]
-        return sample_rows(logits, fill=argmax, where=where, generators=run.generators, top_p=run.top_p,
-                           greedy=run.greedy)
-    if run.greedy:
-        return argmax
-    if run.top_p < 1.0:
-        B, L, V = logits.shape
-        return sample_tokens(top_p_filter(logits.view(-1, V), run.top_p).view(B, L, V))
-    return sample_tokens(logits)
+        run.generators = [run.generators[b] for b in kept]
+    run.row_ids = [run.row_ids[b] for b in kept]
+    run.starts = [run.starts[b] for b in kept]
+    run.hook.keep_rows(kept)
 
 
-def _denoise_step(run: _Run, c: _Canvas, cur_step: int) -> None:
-    """1.c One denoising step: forward, mask, accept by entropy, sample, renoise, check the stop."""
-    unfinished = ~(c.done | run.finished)
-    run.passes += unfinished
-    run.steps += 1
-    with run.clock.model():
-        raw = run.model(decoder_input_ids=c.canvas, self_conditioning_logits=c.sc_logits,
-                        decoder_attention_mask=c.masks, past_key_values=run.cache,
-                        decoder_position_ids=run.dec_pos).logits
-    t_step = temperature(run.settings, cur_step)
-    # in place: the forward's logits are ours, and the values are those of ``raw / t``
-    logits = raw.div_(t_step * run.scale if run.scale is not None else t_step)
-    active = unfinished
-    frozen = c.view.frozen
-    argmax = _mask(run, c, logits, cur_step, active)
+class CanvasBatch:
+    """A running block-diffusion batch. Rows join with :meth:`admit` between canvases and leave
+    as soon as they finish (a stop token, or their canvases spent); :meth:`run_canvas` denoises and
+    commits one canvas for every row and returns the rows that left.
 
-    # one entropy per step, shared by the acceptance rule and the stopping rule
-    if run.reproduce:  # NaN-free: an emptied position becomes uniform
-        entropy = step_entropy(logits)
-    else:  # frozen positions (one-hot: entropy 0) and stopped rows need none
-        entropy = step_entropy_at(logits, active[:, None] & ~frozen)
-    accept = entropy_bound_accept(logits, run.settings.entropy_bound, entropy=entropy)
-    sample = _draw(run, c, logits, argmax, accept, frozen, active)
+    Rows that join a running batch are left-padded to its length and their prompt is encoded into
+    cache rows merged with the others (positions are shared: relative distances inside each row are
+    what they would be alone). That needs a hook with ``join(rows, canvas_index)`` and
+    ``keep_rows(positions)`` (:class:`~dgemma_struct.guide.ConstraintGuide` has both) and
+    per-row generators, so a row's output does not depend on who shares its batch.
 
-    view = c.view
-    with run.clock.hook():
-        view.sample, view.argmax, view.accept = sample, argmax, accept
-        view.active = active
-        run.hook.accept(view)
-        frozen, frozen_tokens = view.frozen, view.frozen_tokens
-        sample = torch.where(frozen, frozen_tokens, view.sample)
-        argmax = torch.where(frozen, frozen_tokens, view.argmax)
-        accept = view.accept | frozen
+    Example::
 
-    accepted = torch.where(accept, sample, c.canvas)
-    B, L = accept.shape
-    new_canvas = torch.where(~accept, random_canvas(B, L, run.V, accept.device, run.generators, rows=active),
-                             accepted)
-    if c.done.any():  # rows that stopped keep their canvas, draft and self-conditioning
-        argmax = torch.where(c.done[:, None], c.argmax, argmax)
-        new_canvas = torch.where(c.done[:, None], c.canvas, new_canvas)
-        if c.sc_logits is not None:  # None when a row was finished by the hook before step 1
-            # rows only (the values of a full-vocabulary ``torch.where``, without its copy)
-            logits[c.done] = c.sc_logits[c.done].to(logits.dtype)
-    c.done |= run.stopper(argmax, logits, entropy=entropy)
-    c.done |= view.done
-    c.canvas, c.argmax = new_canvas, argmax
-    c.sc_logits = logits.to(run.model.model.decoder.embed_tokens.weight.dtype)
+        batch = CanvasBatch(model, settings=settings, eos_token_ids=[1], pad_token_id=0, hook=guide)
+        ids = batch.admit([prompt_ids], canvases=[4], generators=[torch.Generator().manual_seed(0)],
+                          rows=[row_state])
+        while batch.size:
+            for row in batch.run_canvas():
+                print(row.id, row.tokens)
+    """
 
+    def __init__(self, model, *, settings: DiffusionSettings, eos_token_ids: Sequence[int], pad_token_id: int | None,
+                 hook: StepHook | None = None, temperature_scale: float | None = None, top_p: float = 1.0):
+        self.model = model
+        self.settings = settings
+        self.eos_token_ids = list(eos_token_ids)
+        self.pad_token_id = pad_token_id
+        self.hook = hook
+        self.temperature_scale = temperature_scale
+        self.top_p = top_p
+        self.run: Run | None = None
+        self.last: Run | None = None     # the run that ended last (for its counters)
+        self._next_id = 0
 
-def _commit_canvas(run: _Run, c: _Canvas) -> None:
-    """1.d The hook's ``finish_canvas`` turns the last draft into the committed tokens."""
-    view = c.view
-    with run.clock.hook():
-        if c.sc_logits is not None:  # else no step ran: the hook finished every row up front
-            view.logits = c.sc_logits
-        # every row that generated in this canvas ends it, whether the stopper ended its
-        # denoising early (a batch) or at the last step: none commits unchecked positions
-        view.active = ~run.finished
-        committed = run.hook.finish_canvas(view, c.argmax)
-    run.sequences = torch.cat([run.sequences, committed], dim=-1)
-    run.canvases += 1
+    # ------------------------------------------------------------------ state
+    @property
+    def size(self) -> int:
+        """Rows in the batch now."""
+        return 0 if self.run is None else len(self.run.row_ids)
 
+    @property
+    def width(self) -> int:
+        """The batch's length in tokens (prompt columns and committed canvases); 0 when empty."""
+        return 0 if self.run is None else self.run.cur_len
 
-def _pad_after_eos(run: _Run) -> None:
-    """1.e This canvas's tokens after a stop token, and all tokens of rows finished before, become pad."""
-    L, pad = run.L, run.pad_token_id
-    is_eos = torch.isin(run.sequences[:, -L:], run.eos)
-    finished_now = is_eos.any(dim=-1)
-    if pad is not None and (run.finished | finished_now).any():
-        run.sequences[run.finished, -L:] = pad
-        csum = is_eos.cumsum(dim=-1)
-        after = (csum > 0) & ~((csum == 1) & is_eos)
-        tail = run.sequences[:, -L:]
-        tail[after] = pad
-    run.finished = run.finished | finished_now
+    @property
+    def evicts(self) -> bool:
+        """Whether finished rows leave at once (a hook that can drop rows; not the reproduction mode)."""
+        return self.hook is not None and hasattr(self.hook, "keep_rows")
 
+    def fits(self, prompt_len: int) -> bool:
+        """Whether a prompt of ``prompt_len`` tokens can join now (it must fit the batch's length)."""
+        return self.run is None or prompt_len <= self.run.cur_len or self.run.encoded == 0
 
-def _next_canvas(run: _Run) -> None:
-    """1.f Positions and masks move on by one canvas."""
-    L = run.L
-    run.cur_len += L
-    run.dec_attn = torch.nn.functional.pad(run.dec_attn, (0, L), value=True)
-    run.attention_mask = torch.nn.functional.pad(run.attention_mask, (0, L), value=True)
-    run.enc_pos = run.dec_pos
-    run.dec_pos = torch.arange(run.cur_len, run.cur_len + L, dtype=torch.int32,
-                               device=run.sequences.device).unsqueeze(0)
+    # ------------------------------------------------------------------ joining
+    def _new_run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 generators: Sequence[torch.Generator] | None, canvases: Sequence[int]) -> Run:
+        config, device = self.model.config, input_ids.device
+        L = config.canvas_length
+        B, cur_len = input_ids.shape
+        attention_mask = attention_mask.bool()
+        s = self.temperature_scale
+        from transformers import DynamicCache
+
+        return Run(
+            model=self.model, settings=self.settings, hook=self.hook if self.hook is not None else NullHook(),
+            reproduce=self.hook is None, generators=list(generators) if generators is not None else None,
+            greedy=s == 0, scale=s if s not in (None, 0) else None, top_p=self.top_p, pad_token_id=self.pad_token_id,
+            eos=torch.tensor(self.eos_token_ids, device=device),
+            cache=DynamicCache(config=config.get_text_config(decoder=True)), attention_mask=attention_mask,
+            dec_attn=torch.nn.functional.pad(attention_mask, (0, L), value=True),
+            dec_pos=torch.arange(cur_len, cur_len + L, dtype=torch.int32, device=device).unsqueeze(0),
+            cur_len=cur_len, sequences=input_ids, finished=torch.zeros(B, dtype=torch.bool, device=device),
+            passes=torch.zeros(B, dtype=torch.int, device=device), clock=Clock(),
+            stopper=StableAndConfident(self.settings.stability_threshold, self.settings.confidence_threshold),
+            row_ids=list(range(self._next_id, self._next_id + B)), starts=[cur_len] * B,
+            canvases_left=torch.tensor(list(canvases), dtype=torch.int, device=device))
+
+    def start(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, canvases: Sequence[int],
+              generators: Sequence[torch.Generator] | None = None) -> list[int]:
+        """Starts an empty batch on a left-padded ``[B, T]`` batch (``attention_mask`` 0 on the
+        padding); returns the rows' ids. (:meth:`admit` takes unpadded prompts.)"""
+        if self.run is not None:
+            raise RuntimeError("the batch is running; use admit()")
+        if generators is not None and len(generators) != input_ids.shape[0]:
+            raise ValueError(f"{len(generators)} generators for {input_ids.shape[0]} rows")
+        self.run = self._new_run(input_ids, attention_mask, generators, canvases)
+        self._next_id += input_ids.shape[0]
+        return list(self.run.row_ids)
+
+    @torch.no_grad()
+    def admit(self, prompts: Sequence[Sequence[int]], *, canvases: Sequence[int],
+              generators: Sequence[torch.Generator], rows: Sequence[Any] | None = None) -> list[int]:
+        """Rows join before the next canvas: ``prompts`` (token ids), the canvases each may run,
+        one generator each, and the hook's state for each (``rows``, passed to ``hook.join``).
+        Returns their ids. Every prompt must :meth:`fits`."""
+        n = len(prompts)
+        if not n:
+            return []
+        if len(generators) != n or len(canvases) != n or (rows is not None and len(rows) != n):
+            raise ValueError("admit() needs one generator, canvas count (and hook row) per prompt")
+        device = self.model.device
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        run = self.run
+        if run is not None and not self.evicts:
+            raise RuntimeError("joining a running batch needs a hook with join() and keep_rows()")
+        width = max(len(p) for p in prompts)
+        if run is not None:
+            if run.encoded and width > run.cur_len:
+                raise ValueError(f"a prompt of {width} tokens cannot join a batch {run.cur_len} tokens long")
+            if width > run.cur_len:  # nothing encoded yet: the batch is left-padded further
+                grow = width - run.cur_len
+                run.sequences = torch.nn.functional.pad(run.sequences, (grow, 0), value=pad)
+                run.attention_mask = torch.nn.functional.pad(run.attention_mask, (grow, 0), value=False)
+                run.dec_attn = torch.nn.functional.pad(run.dec_attn, (grow, 0), value=False)
+                run.starts = [st + grow for st in run.starts]
+                run.cur_len = width
+                run.dec_pos = run.dec_pos + grow
+            width = run.cur_len
+        ids = torch.full((n, width), pad, dtype=torch.long, device=device)
+        mask = torch.zeros((n, width), dtype=torch.bool, device=device)
+        for i, p in enumerate(prompts):
+            if len(p):
+                ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long, device=device)
+                mask[i, width - len(p):] = True
+        if run is None:
+            self.start(ids, mask, canvases=canvases, generators=generators)
+            new_ids = list(self.run.row_ids)
+        else:
+            new = self._new_run(ids, mask, generators, canvases)
+            if run.encoded:  # the columns the batch has cached, encoded for the new rows alone
+                pos = torch.arange(0, run.encoded, dtype=torch.int32, device=device).unsqueeze(0)
+                with run.clock.model():
+                    enc = encode(self.model, ids[:, :run.encoded].contiguous(), mask[:, :run.encoded], new.cache, pos)
+                cat_caches(run.cache, enc.past_key_values)
+            run.sequences = torch.cat([run.sequences, ids])
+            run.attention_mask = torch.cat([run.attention_mask, mask])
+            run.dec_attn = torch.cat([run.dec_attn, new.dec_attn])
+            run.finished = torch.cat([run.finished, new.finished])
+            run.passes = torch.cat([run.passes, new.passes])
+            run.canvases_left = torch.cat([run.canvases_left, new.canvases_left])
+            run.generators = list(run.generators or []) + list(generators)
+            new_ids = list(new.row_ids)
+            run.row_ids += new_ids
+            run.starts += [width] * n
+            self._next_id += n
+        if rows is not None:
+            self.run.hook.join(list(rows), self.run.canvases)
+        return new_ids
+
+    # ------------------------------------------------------------------ one canvas
+    @torch.no_grad()
+    def run_canvas(self, on_canvas: Callable[[int, torch.Tensor, list[int]], None] | None = None,
+                   on_draft: Callable[[int, torch.Tensor, list[int]], None] | None = None) -> list[FinishedRow]:
+        """Denoises and commits one canvas for every row; returns the rows that left.
+        ``on_canvas(i, tokens[B, L], row_ids)`` sees the committed canvas, ``on_draft`` each draft."""
+        run = self.run
+        if run is None:
+            return []
+        canvas_index = run.canvases
+        encode_committed(run)                                               # 1.a
+        c = start_canvas(run, canvas_index)                                 # 1.b
+        for cur_step in reversed(range(1, run.settings.max_denoising_steps + 1)):  # 1.c
+            if not run.reproduce and torch.all(c.done | run.finished):
+                break
+            denoise_step(run, c, cur_step)
+            if on_draft is not None:
+                on_draft(canvas_index, c.argmax, run.row_ids)
+            if torch.all(c.done):
+                break
+        commit_canvas(run, c)                                               # 1.d
+        pad_after_eos(run)                                                  # 1.e
+        if on_canvas is not None:
+            on_canvas(canvas_index, run.sequences[:, -run.L:], run.row_ids)
+        run.canvases_left -= 1
+        leaving = run.finished | (run.canvases_left <= 0)
+        if not self.evicts and not bool(leaving.all()):
+            leaving = torch.zeros_like(leaving)   # rows stay until all are done (as model.generate)
+        out = [FinishedRow(id=run.row_ids[b], tokens=run.sequences[b, run.starts[b]:], passes=int(run.passes[b]))
+               for b in torch.nonzero(leaving).squeeze(-1).tolist()]
+        if bool(leaving.all()):
+            if self.evicts:
+                run.hook.keep_rows([])
+            self.last, self.run = run, None
+            return out
+        if out:
+            _evict(run, ~leaving)
+        next_canvas(run)                                                    # 1.f
+        return out
 
 
 @torch.no_grad()
@@ -271,46 +275,32 @@ def diffusion_loop(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     them each row draws from its own generator, only at the positions the step can change
     (positions the sampler accepts and ``view.sample_at``), and only while it is still denoising:
     a row's output is then independent of the rows batched with it."""
-    from transformers import DynamicCache
+    L = model.config.canvas_length
+    B = input_ids.shape[0]
+    batch = CanvasBatch(model, settings=settings, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, hook=hook,
+                        temperature_scale=temperature_scale, top_p=top_p)
+    batch.start(input_ids, attention_mask, canvases=[-(-max_new_tokens // L)] * B, generators=generators)
+    fill = pad_token_id if pad_token_id is not None else eos_token_ids[0]
 
-    config = model.config
-    L = config.canvas_length
-    device = input_ids.device
-    B, cur_len = input_ids.shape
-    if generators is not None and len(generators) != B:
-        raise ValueError(f"{len(generators)} generators for {B} rows")
-    attention_mask = attention_mask.bool()
-    run = _Run(
-        model=model, settings=settings, hook=hook if hook is not None else NullHook(), reproduce=hook is None,
-        generators=generators, greedy=temperature_scale == 0,
-        scale=temperature_scale if temperature_scale not in (None, 0) else None, top_p=top_p,
-        pad_token_id=pad_token_id, eos=torch.tensor(eos_token_ids, device=device),
-        cache=DynamicCache(config=config.get_text_config(decoder=True)), attention_mask=attention_mask,
-        dec_attn=torch.nn.functional.pad(attention_mask, (0, L), value=True),
-        enc_pos=torch.arange(0, cur_len, dtype=torch.int32, device=device).unsqueeze(0),
-        dec_pos=torch.arange(cur_len, cur_len + L, dtype=torch.int32, device=device).unsqueeze(0),
-        cur_len=cur_len, sequences=input_ids, finished=torch.zeros(B, dtype=torch.bool, device=device),
-        passes=torch.zeros(B, dtype=torch.int, device=device), clock=Clock(),
-        stopper=StableAndConfident(settings.stability_threshold, settings.confidence_threshold))
+    def full(rows: torch.Tensor, ids: list[int]) -> torch.Tensor:  # rows that left are pad
+        if len(ids) == B:
+            return rows
+        out = torch.full((B, rows.shape[1]), fill, dtype=rows.dtype, device=rows.device)
+        out[ids] = rows
+        return out
 
-    for canvas_index in range(-(-max_new_tokens // L)):
-        _encode_committed(run, canvas_index)                                 # 1.a
-        c = _start_canvas(run, canvas_index)                                 # 1.b
-        for cur_step in reversed(range(1, settings.max_denoising_steps + 1)):  # 1.c
-            if not run.reproduce and torch.all(c.done | run.finished):
-                break
-            _denoise_step(run, c, cur_step)
-            if on_draft is not None:
-                on_draft(canvas_index, c.argmax)
-            if torch.all(c.done):
-                break
-        _commit_canvas(run, c)                                               # 1.d
-        _pad_after_eos(run)                                                  # 1.e
-        if on_canvas is not None:
-            on_canvas(canvas_index, run.sequences[:, -L:])
-        if torch.all(run.finished):
-            break
-        _next_canvas(run)                                                    # 1.f
-
-    return LoopOutput(sequences=run.sequences, forward_passes=run.passes, canvases=run.canvases, steps=run.steps,
-                      model_s=run.clock.model_s, hook_s=run.clock.hook_s)
+    canvas_cb = (lambda i, t, ids: on_canvas(i, full(t, ids))) if on_canvas is not None else None
+    draft_cb = (lambda i, t, ids: on_draft(i, full(t, ids))) if on_draft is not None else None
+    rows: dict[int, FinishedRow] = {}
+    while batch.size:
+        for row in batch.run_canvas(canvas_cb, draft_cb):
+            rows[row.id] = row
+    run = batch.last
+    width = run.canvases * L
+    new = torch.full((B, width), fill, dtype=input_ids.dtype, device=input_ids.device)
+    passes = torch.zeros(B, dtype=torch.int, device=input_ids.device)
+    for b, row in rows.items():
+        new[b, :row.tokens.shape[0]] = row.tokens
+        passes[b] = row.passes
+    return LoopOutput(sequences=torch.cat([input_ids, new], dim=1), forward_passes=passes, canvases=run.canvases,
+                      steps=run.steps, model_s=run.clock.model_s, hook_s=run.clock.hook_s)

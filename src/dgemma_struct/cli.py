@@ -77,6 +77,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     config = ServerConfig.from_env(host=args.host, port=args.port, model=args.model, api_key=args.api_key,
                                    max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                                   batching=args.batching,
                                    max_queue=args.max_queue, request_timeout_s=args.timeout,
                                    max_tokens_cap=args.max_tokens_cap, queue_timeout_s=args.queue_timeout,
                                    compile_timeout_s=args.compile_timeout,
@@ -128,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None,
                    help="local checkpoint directory (env DGEMMA_STRUCT_MODEL; default: the embedded model)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (env DGEMMA_STRUCT_API_KEY)")
-    p.add_argument("--max-batch-size", type=int, default=None, help="rows per batched canvas loop (default 8)")
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="rows running at once (default 8)")
+    p.add_argument("--batching", choices=("continuous", "static"), default=None,
+                   help="continuous (default): requests join and leave a running batch between canvases; "
+                        "static: batches formed in the queue run to their end")
     p.add_argument("--max-wait-ms", type=float, default=None, help="batching window (default 10 ms)")
     p.add_argument("--max-queue", type=int, default=None, help="waiting requests before 429 (default 64)")
     p.add_argument("--timeout", type=float, default=None, help="per-request timeout in seconds (default 60)")

@@ -65,10 +65,13 @@ class ConstraintGuide:
                  close_on_budget: bool = False, closing_window: int | None = None,
                  row_stop: Sequence[Callable[[], bool] | None] | None = None, logprobs: int | None = None,
                  ar_temperature: float | None = None):
+        # ``rows``: the batch's rows in batch order (rows leave and join a running batch:
+        # :meth:`keep_rows`, :meth:`join`); ``all_rows``: every row by id, as ``outcome`` counts them
         self.rows = [RowState(w, start=len(w.frozen_tokens) if w is not None else 0,
                               budget=budgets[b] if budgets is not None else None,
-                              stop=row_stop[b] if row_stop is not None else None)
+                              stop=row_stop[b] if row_stop is not None else None, id=b)
                      for b, w in enumerate(walkers)]
+        self.all_rows = list(self.rows)
         self.budgeted = budgets is not None
         self.close_on_budget = close_on_budget and budgets is not None
         self.closing_window = closing_window
@@ -85,16 +88,38 @@ class ConstraintGuide:
 
     @property
     def walkers(self) -> list[CanvasWalker | None]:
-        return [r.walker for r in self.rows]
+        """Every row's walker, by row id (rows that left the batch included)."""
+        return [r.walker for r in self.all_rows]
 
     def outcome(self, row: int) -> RowOutcome:
-        """What ``row`` produced (call after the run, and after :meth:`drain`)."""
-        r = self.rows[row]
+        """What ``row`` (its index among the walkers given, then the rows joined) produced (call
+        after the run, and after :meth:`drain`)."""
+        r = self.all_rows[row]
         gen = list(r.walker.frozen_tokens) if r.walker is not None else []
         stops = r.walker.stop_token_ids if r.walker is not None else ()
         return RowOutcome(tokens=[t for t in gen if t not in stops], complete=bool(gen) and gen[-1] in stops,
                           dead_end=r.dead_end, forced=r.forced, closing=r.closing, cut=r.cut,
                           logprobs=self.lp.kept(row, stops) if self.lp is not None else None)
+
+    # ------------------------------------------------------------------ a running batch
+    def keep_rows(self, positions: Sequence[int]) -> None:
+        """The batch keeps only the rows at ``positions`` (in this order): the others left it."""
+        self.rows = [self.rows[b] for b in positions]
+
+    def join(self, rows: Sequence[RowState], canvas_index: int) -> None:
+        """Rows from other guides (:meth:`RowState` objects, shared: their own guide's ``outcome``
+        keeps working) join the batch before canvas ``canvas_index``; they count their canvases from
+        there. Logprobs are not recorded for joined rows."""
+        if self.lp is not None:
+            raise ValueError("rows cannot join a guide that records logprobs")
+        for r in rows:
+            r.canvas0 = canvas_index
+            self.rows.append(r)
+            self.all_rows.append(r)
+
+    def _canvas_of(self, r: RowState) -> tuple[int, int] | None:
+        """``(the row's own canvas index, canvas length)``; ``None`` in AR mode."""
+        return None if self._canvas is None else (self._canvas[0] - r.canvas0, self._canvas[1])
 
     # ------------------------------------------------------------------ row helpers
     def _pad_rest(self, view: StepView, b: int, *, done: bool = True) -> None:
@@ -124,7 +149,7 @@ class ConstraintGuide:
         if not tokens:
             return
         if self.lp is not None:
-            self.lp.record(b, w, tokens, logits)
+            self.lp.record(r.id, w, tokens, logits)
         w.commit(tokens)
         view.frozen[b, f:f + len(tokens)] = True
         view.frozen_tokens[b, f:f + len(tokens)] = torch.tensor(tokens, dtype=view.frozen_tokens.dtype)
@@ -239,7 +264,7 @@ class ConstraintGuide:
                 r = self.rows[b]
                 if r.n_frozen >= L or bool(view.done[b]) or r.walker.is_stopped():
                     continue
-                steered = steer_to_close(r, logits[b, r.n_frozen:], self._canvas, self.closing_window)
+                steered = steer_to_close(r, logits[b, r.n_frozen:], self._canvas_of(r), self.closing_window)
                 if steered and touched is not None:
                     touched[b, r.n_frozen:] = True
         view.touched = touched
@@ -262,7 +287,7 @@ class ConstraintGuide:
                 continue
             run = view.sample[b, f:f + k].tolist()
             if self.close_on_budget:
-                run = cap_run(r, run, self._canvas, self.closing_window)
+                run = cap_run(r, run, self._canvas_of(r), self.closing_window)
             res = r.walker.walk(run)
             if res.n_valid == 0:
                 self._stall(r)
@@ -284,7 +309,7 @@ class ConstraintGuide:
                 continue
             f = r.n_frozen
             while f < L and bool(view.active[b]) and view.logits.numel() and not w.is_stopped():
-                room, plan = (free_room(r, self._canvas, self.closing_window) if self.close_on_budget
+                room, plan = (free_room(r, self._canvas_of(r), self.closing_window) if self.close_on_budget
                               else (L, None))
                 if room == 0 and plan is not None:  # close now: the plan, then the stop token
                     self._freeze(view, b, plan + [w.stop_token_ids[0]], view.logits[b, f:])

@@ -134,7 +134,7 @@ class RepairSession:
         agg.canvases += s.canvases
         agg.denoising_steps += s.denoising_steps
         agg.model_s += s.model_s
-        agg.mask_s += guide.mask_s / len(guide.rows)
+        agg.mask_s += guide.mask_s / len(guide.all_rows)
         agg.forced_tokens += out.forced
         agg.budget_closing = agg.budget_closing or out.closing
         lp = None if out.logprobs is None else self.kept_logprobs + out.logprobs

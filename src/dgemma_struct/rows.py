@@ -32,6 +32,8 @@ class RowState:
     cut: bool = False                    # dropped by ``stop`` (the output is not a value)
     cut_at: int | None = None            # canvas position of a cut / ended row's EOS, until written
     closing_est: tuple | None = None     # (walker length, closing plan or None): the cached estimate
+    id: int = 0                          # the row's index in its guide's ``outcome`` numbering
+    canvas0: int = 0                     # the batch's canvas index when the row joined it
 
     @property
     def committed(self) -> int:

@@ -133,7 +133,7 @@ def test_an_empty_mask_is_a_dead_end_never_nan(tiny_runtime, mode):
     w = _EmptyAtFrontier(constraint_for(SCHEMA, tiny_runtime).canvas_walker(), after=3)
     guide = ConstraintGuide([w], pad_token_id=0)
     res = tiny_runtime.generate("x", max_new_tokens=32, seed=0, mode=mode, hook=guide)
-    assert guide.outcome(0).dead_end and guide.rows[0].no_allowed
+    assert guide.outcome(0).dead_end and guide.all_rows[0].no_allowed
     assert w.dead_at is not None and w.dead_at >= 3
     assert len(w.frozen_tokens) == w.dead_at  # nothing committed past the dead end
     assert res.stats.forward_passes > 0

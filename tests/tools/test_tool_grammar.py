@@ -117,8 +117,9 @@ def test_invalid_calls_are_rejected_by_the_grammar(constraint, text):
 
 
 def test_semantic_keywords_are_checked_by_validation(constraint):
-    bad = call("search", f"{{query:{S}q{S},limit:11}}")  # maximum is left to validation
-    assert constraint.grammar_accepts(bad)
+    bad = call("search", f"{{query:{S}q{S},limit:11}}")  # the grammar enforces the maximum, validation too
+    assert not constraint.grammar_accepts(bad)
+    assert constraint.grammar_accepts(call("search", f"{{query:{S}q{S},limit:10}}"))
     outcome = constraint.validate_text(bad)
     assert not outcome.ok and "arguments" in str(outcome.errors[0])
 

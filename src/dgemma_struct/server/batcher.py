@@ -1,17 +1,23 @@
-"""Dynamic batching: requests from the event loop are queued and run, grouped into batched canvas
-loops, by ONE worker thread that owns the model. The event loop never runs model code.
+"""Batching: requests from the event loop are queued and run by ONE worker thread that owns the
+model. The event loop never runs model code.
 
-* ``max_batch_size`` / ``max_wait_ms``: the worker takes the first waiting request, then waits up
-  to ``max_wait_ms`` for more, up to ``max_batch_size`` rows, and runs them as one
+* ``batching="continuous"`` (default): requests join a running diffusion batch between canvases
+  and leave it as soon as they finish (:class:`~dgemma_struct.continuous.ContinuousScheduler`), so
+  no request waits for a whole batch and no batch waits for its slowest row. Streams are rows like
+  the others: each committed canvas becomes an event. ``max_batch_size`` caps the rows running at
+  once; ``max_wait_ms`` is how long an idle worker waits for more requests before the first canvas.
+  Requests with ``logprobs`` run the static way.
+* ``batching="static"``: the worker takes the first waiting request, then waits up to
+  ``max_wait_ms`` for more, up to ``max_batch_size`` rows, and runs them as one
   :func:`dgemma_struct.api.generate_batch` call (rows with the same ``max_new_tokens`` and seed share
-  a loop; each row keeps its own constraint).
+  a loop; each row keeps its own constraint); streams run one by one.
 * ``max_queue``: a bounded queue; a full queue is refused at once (:class:`QueueFull` -> HTTP 429).
 * Per-request timeouts: ``timeout_s`` counts from when the request starts *running* (a short
   request queued behind a long batch keeps its whole budget); the wait in the queue is bounded
   separately (``queue_timeout_s``). A request whose caller gave up (timeout, disconnect) is
   marked cancelled and dropped when the worker reaches it; in a batch already running its row
   is dropped at the next denoising step (``generate_batch(row_stop=...)``).
-* Failure containment: when a batched loop fails as a whole, each of its rows is rerun alone, so
+* Failure containment: when a batched loop (or canvas) fails as a whole, each of its rows is rerun alone, so
   only the row that caused it fails; errors from native code (``PanicException`` is a
   ``BaseException``) become a typed :class:`~dgemma_struct.errors.ConstraintEngineError`. The
   worker catches everything: a failing batch fails its own requests, never the thread.
@@ -36,12 +42,13 @@ import threading
 import time
 from typing import Any, AsyncIterator
 
+from dgemma_struct.continuous import BatchFailed, ContinuousScheduler
 from dgemma_struct.errors import GenerationTimeout
-from dgemma_struct.results import GenerationResult
+from dgemma_struct.results import CanvasEvent, GenerationResult
 from dgemma_struct.runtime import DiffusionRuntime
 
 from .errors import QueueFull, ShuttingDown
-from .generation import constrained_rows, free_text_rows, group_seed, per_row_seeds, stream_events
+from .generation import constrained_rows, free_text_rows, group_seed, per_row_seeds, row_request, stream_events
 from .jobs import DONE, Job, typed_error
 
 __all__ = ["Batcher", "Job", "QueueFull", "ShuttingDown"]
@@ -51,9 +58,14 @@ class Batcher:
     """Owns one runtime and one worker thread; see the module docstring."""
 
     def __init__(self, runtime: DiffusionRuntime, *, max_batch_size: int = 8, max_wait_ms: float = 10.0,
-                 max_queue: int = 64, max_repairs: int = 2, queue_timeout_s: float | None = None):
+                 max_queue: int = 64, max_repairs: int = 2, queue_timeout_s: float | None = None,
+                 batching: str = "continuous"):
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be >= 1")
+        if batching not in ("continuous", "static"):
+            raise ValueError(f"batching must be 'continuous' or 'static', got {batching!r}")
+        self.batching = batching
+        self.sched = ContinuousScheduler(runtime, max_rows=max_batch_size) if batching == "continuous" else None
         self.runtime = runtime
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
@@ -63,7 +75,7 @@ class Batcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.counters = {"batches": 0, "rows": 0, "largest_batch": 0, "dropped": 0, "streams": 0, "errors": 0,
-                         "isolated_reruns": 0, "cancelled_rows": 0}
+                         "isolated_reruns": 0, "cancelled_rows": 0, "continuous_rows": 0, "canvases": 0}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Batcher":
@@ -196,38 +208,136 @@ class Batcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if self.sched is not None:
+                self._tick()
+                continue
             batch: list[Job] = []
             try:
                 batch = self._collect()
-                if not batch:
-                    continue
-                now = time.monotonic()
-                live = []
-                for job in batch:
-                    if job.cancelled:
-                        self.counters["dropped"] += 1
-                    elif job.deadline <= now:
-                        self.counters["dropped"] += 1
-                        job.fail(GenerationTimeout("the request timed out while queued"))
-                    else:
-                        live.append(job)
-                streams = [j for j in live if j.streaming]
-                rows = [j for j in live if not j.streaming]
-                groups: dict[tuple, list[Job]] = {}
-                per_row = per_row_seeds(self.runtime)
-                for j in rows:
-                    key = (j.max_new_tokens, j.spec is None, j.sampling, j.thinking, j.max_thinking_tokens,
-                           j.logprobs) + (
-                        () if per_row else (j.seed,))
-                    groups.setdefault(key, []).append(j)
-                for group in groups.values():
-                    self._run_group(group)
-                for j in streams:
-                    self._run_stream(j)
+                if batch:
+                    self._run_static(batch)
             except BaseException as err:  # noqa: BLE001 - the worker must survive anything
                 self.counters["errors"] += 1
                 for job in batch:
                     job.fail(typed_error(err, job))
+
+    def _live(self, jobs: list[Job]) -> list[Job]:
+        """Drops the jobs whose caller went away or whose queue deadline passed."""
+        now = time.monotonic()
+        live = []
+        for job in jobs:
+            if job.cancelled:
+                self.counters["dropped"] += 1
+            elif job.deadline <= now:
+                self.counters["dropped"] += 1
+                job.fail(GenerationTimeout("the request timed out while queued"))
+            else:
+                live.append(job)
+        return live
+
+    def _run_static(self, batch: list[Job]) -> None:
+        live = self._live(batch)
+        streams = [j for j in live if j.streaming]
+        rows = [j for j in live if not j.streaming]
+        groups: dict[tuple, list[Job]] = {}
+        per_row = per_row_seeds(self.runtime)
+        for j in rows:
+            key = (j.max_new_tokens, j.spec is None, j.sampling, j.thinking, j.max_thinking_tokens,
+                   j.logprobs) + (
+                () if per_row else (j.seed,))
+            groups.setdefault(key, []).append(j)
+        for group in groups.values():
+            self._run_group(group)
+        for j in streams:
+            self._run_stream(j)
+
+    # ------------------------------------------------------------------ continuous batching
+    def _take(self) -> list[Job]:
+        """Waiting jobs, at most as many as there is room for; an idle worker waits up to 0.1 s
+        for the first, then ``max_wait_ms`` for more."""
+        sched = self.sched
+        room = self.max_batch_size - sched.running - len(sched.waiting)
+        jobs: list[Job] = []
+        if sched.idle:
+            try:
+                jobs.append(self._q.get(timeout=0.1))
+            except queue.Empty:
+                return []
+            end = time.monotonic() + self.max_wait_s
+            while len(jobs) < room:
+                left = end - time.monotonic()
+                try:
+                    jobs.append(self._q.get(timeout=left) if left > 0 else self._q.get_nowait())
+                except queue.Empty:
+                    break
+            return jobs
+        while len(jobs) < room:
+            try:
+                jobs.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        return jobs
+
+    def _tick(self) -> None:
+        """One round of the continuous worker: take jobs, admit them, run one canvas everywhere,
+        deliver what finished."""
+        sched = self.sched
+        jobs: list[Job] = []
+        try:
+            jobs = self._live(self._take())
+            static = [j for j in jobs if j.logprobs is not None]
+            for job in jobs:
+                if job.logprobs is not None:
+                    continue
+                try:
+                    sched.submit(row_request(self.runtime, job, self.max_repairs))
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as err:  # noqa: BLE001 - a bad request fails alone
+                    job.fail(typed_error(err, job))
+                if job.streaming:
+                    self.counters["streams"] += 1
+            jobs = []
+            if static:
+                self._run_static(static)
+            if sched.idle:
+                return
+            done = sched.step()
+        except BaseException as err:  # noqa: BLE001 - the worker must survive anything
+            self.counters["errors"] += 1
+            for job in jobs:
+                job.fail(typed_error(err, job))
+            for req in sched.abandon():
+                req.tag.fail(typed_error(err, req.tag))
+            return
+        self.counters["canvases"] = sched.counters["canvases"]
+        self.counters["largest_batch"] = max(self.counters["largest_batch"], sched.counters["largest_batch"])
+        for req, res in done:
+            self._deliver(req.tag, res)
+
+    def _deliver(self, job: Job, res: Any) -> None:
+        self.counters["continuous_rows"] += 1
+        if job.cancelled:
+            self.counters["cancelled_rows"] += 1
+            return
+        if isinstance(res, BatchFailed):   # the canvas failed as a whole: this row alone, the static way
+            self.counters["isolated_reruns"] += 1
+            if job.streaming:
+                self._run_stream(job)
+            else:
+                self._run_group([job], isolated=True)
+            return
+        if isinstance(res, BaseException):
+            job.fail(typed_error(res, job))
+            return
+        if not job.streaming:
+            job.resolve(res)
+            return
+        constrained = job.spec is not None
+        job.push(CanvasEvent(row=0, canvas_index=max(0, res.stats.canvases - 1), token_ids=res.token_ids,
+                             text=res.text, done=True, value=res.value, validated=constrained,
+                             finish_reason=res.stats.finish_reason, stats=res.stats))
+        job.push(DONE)
 
     def _run_group(self, group: list[Job], *, isolated: bool = False) -> None:
         """Run a group of non-streaming jobs as one batched loop and resolve each job. When the

@@ -18,8 +18,9 @@ class ServerConfig:
     model: str | None = None              # a local checkpoint directory; None = the embedded model
     api_key: str | None = None            # when set, /v1/* needs ``Authorization: Bearer <key>``
     served_model_name: str | None = None  # the id /v1/models reports (default: the runtime's name)
-    max_batch_size: int = 8
+    max_batch_size: int = 8               # rows running at once (continuous) / per batched loop (static)
     max_wait_ms: float = 10.0
+    batching: str = "continuous"          # "continuous" (rows join and leave between canvases) or "static"
     max_queue: int = 64
     request_timeout_s: float = 60.0
     max_body_bytes: int = 1_000_000

@@ -1,4 +1,5 @@
-"""The calls the batch worker makes into the SDK for a group of jobs: constrained rows through
+"""The calls the batch worker makes into the SDK: a job as a continuous-batching row
+(:func:`row_request`), and, the static way, a group of constrained rows through
 :func:`dgemma_struct.api.generate_batch`, free-text rows through the runtime, and streams through
 :func:`dgemma_struct.api.stream`. Options the installed API lacks are feature-detected and left
 out, so the server runs against an API without them."""
@@ -11,8 +12,13 @@ import time
 from typing import Any, Iterator
 
 import dgemma_struct.api as api
+from dgemma_struct.continuous import RowRequest
 from dgemma_struct.errors import DgemmaStructError
+from dgemma_struct.options import GenerateOptions
+from dgemma_struct.request import prepare
+from dgemma_struct.results import CanvasEvent
 from dgemma_struct.runtime import DiffusionRuntime
+from dgemma_struct.streaming import partial_json
 
 from .jobs import Job
 
@@ -135,3 +141,39 @@ def stream_events(rt: DiffusionRuntime, job: Job, timeout: float) -> Iterator[An
             yield ev
     finally:
         gen.close()
+
+
+def row_request(rt: DiffusionRuntime, job: Job, max_repairs: int) -> RowRequest:
+    """``job`` as a row for the continuous scheduler (prompt encoded, constraint prepared, its run
+    deadline started); a streaming job's committed canvases become its events."""
+    job.start()
+    seed = job.seed if job.seed is not None else secrets.randbits(62)
+    session = None
+    temperature, top_p = job.temperature, job.top_p if job.top_p is not None else 1.0
+    if job.spec is None:
+        ids = rt.encode_prompt(job.prompt)
+        rt.check_fits([ids], job.max_new_tokens)
+    else:
+        knobs = dict(max_new_tokens=job.max_new_tokens, seed=seed, max_repairs=max_repairs,
+                     timeout_s=max(0.001, job.deadline - time.monotonic()), **gen_kwargs(job))
+        session = prepare(job.prompt, job.spec, rt, GenerateOptions.build(None, knobs, verb="generate"))
+        ids, seed = session.prompt_ids, session.seed
+        temperature, top_p = session.opts.temperature, session.opts.top_p
+    req = RowRequest(prompt_ids=list(ids), max_new_tokens=job.max_new_tokens, seed=seed, session=session,
+                     temperature=temperature, top_p=top_p,
+                     stop=lambda: job.cancelled or time.monotonic() > job.deadline, tag=job)
+    if job.streaming:
+        req.on_canvas = _canvas_events(rt, job, session)
+    return req
+
+
+def _canvas_events(rt: DiffusionRuntime, job: Job, session: Any):
+    """Each committed canvas as an unvalidated event (a JSON stream carries the partial value)."""
+    counter = iter(range(1 << 30))
+    json_kind = session is not None and session.c.kind == "json"
+
+    def on_canvas(token_ids: list[int]) -> None:
+        text = rt.decode(token_ids)
+        value = partial_json(text) if json_kind else (text if session is not None else None)
+        job.push(CanvasEvent(row=0, canvas_index=next(counter), token_ids=token_ids, text=text, value=value))
+    return on_canvas

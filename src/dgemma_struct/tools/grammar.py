@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
+from dgemma_struct.constraints.regex_ascii import ascii_classes
 from dgemma_struct.tools.declarations import Tool, ToolCallError, _check_choice
+from dgemma_struct.tools.numeric import bounded_number_regex
 from dgemma_struct.tools.syntax import _KEY, GEMMA4_MARKERS, encode_arguments
 
 _MAX_DEPTH = 24
@@ -61,7 +63,7 @@ class _GrammarBuilder:
         fmt = s.get("format")
         lo, hi = s.get("minLength"), s.get("maxLength")
         if isinstance(pat, str):
-            body = pat
+            body = ascii_classes(pat)  # ECMA-262 (JSON Schema) \d \w \s are ASCII, Rust's are Unicode
             if body.startswith("^") and body.endswith("$") and not body.endswith("\\$"):
                 body = body[1:-1]
             else:  # JSON Schema patterns are searches, not full matches
@@ -76,6 +78,16 @@ class _GrammarBuilder:
         else:
             inner = _STR_BODY
         return f"{self.str_tok} {inner} {self.str_tok}"
+
+    @staticmethod
+    def number_rule(s: Mapping[str, Any], integer: bool) -> str:
+        """An integer / number terminal: within the schema's ``minimum`` / ``maximum`` /
+        ``exclusive*`` bounds (exact for integers, exponent-free decimals for numbers; see
+        :mod:`dgemma_struct.tools.numeric`), the plain JSON terminal when there are none."""
+        rx = bounded_number_regex(s, integer)
+        if rx is None:  # no bounds, or an empty range (left to validation)
+            return _INT if integer else _NUM
+        return _regex_lit(rx)
 
     def generic(self) -> str:
         if self._generic is None:
@@ -149,10 +161,8 @@ class _GrammarBuilder:
                 return self.generic()
         if t == "string":
             return self.string_rule(s)
-        if t == "integer":
-            return _INT
-        if t == "number":
-            return _NUM
+        if t in ("integer", "number"):
+            return self.number_rule(s, t == "integer")
         if t == "boolean":
             return '("true" | "false")'
         if t == "null":

@@ -1,0 +1,290 @@
+"""The steps of one canvas in the block-diffusion loop (:mod:`dgemma_struct.canvas`): 1.a encode
+what is committed, 1.b start a noise canvas, 1.c denoise (forward, mask, accept, sample, renoise,
+stop), 1.d commit, 1.e pad after a stop token, 1.f move on. :class:`Run` is a batch's state from
+canvas to canvas, :class:`Canvas` one canvas being denoised.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from dgemma_struct.forward import Clock, encode
+from dgemma_struct.hooks import StepHook, StepView
+from dgemma_struct.sampler import (DiffusionSettings, StableAndConfident, entropy_bound_accept, random_canvas,
+                                   sample_rows, sample_tokens, step_entropy, step_entropy_at, temperature,
+                                   top_p_filter)
+
+__all__ = ["Run", "Canvas", "encode_committed", "start_canvas", "denoise_step", "commit_canvas", "pad_after_eos",
+           "next_canvas", "cache_rows", "cat_caches"]
+
+
+@dataclass
+class Run:
+    """One call's fixed inputs and the batch state carried from canvas to canvas."""
+
+    model: object
+    settings: DiffusionSettings
+    hook: StepHook
+    reproduce: bool                 # no hook: step every row until all stop, as ``model.generate`` does
+    generators: Sequence[torch.Generator] | None
+    greedy: bool
+    scale: float | None             # the user temperature on top of the schedule (None: 1)
+    top_p: float
+    pad_token_id: int | None
+    eos: torch.Tensor
+    cache: object
+    attention_mask: torch.Tensor    # [B, T] bool, grows by L per canvas
+    dec_attn: torch.Tensor          # [B, T + L] bool
+    dec_pos: torch.Tensor
+    cur_len: int
+    sequences: torch.Tensor
+    finished: torch.Tensor          # [B] rows that produced a stop token
+    passes: torch.Tensor            # [B] decoder passes per row
+    clock: Clock
+    stopper: StableAndConfident
+    row_ids: list[int] = field(default_factory=list)   # each batch row's id (its place in the caller's list)
+    starts: list[int] = field(default_factory=list)    # column where each row's generation begins
+    canvases_left: torch.Tensor | None = None          # [B] canvases each row may still run
+    encoded: int = 0                # columns of ``sequences`` already in the cache
+    steps: int = 0
+    canvases: int = 0
+
+    @property
+    def L(self) -> int:
+        return self.model.config.canvas_length
+
+    @property
+    def V(self) -> int:
+        return self.model.config.text_config.vocab_size
+
+
+@dataclass
+class Canvas:
+    """One canvas being denoised."""
+
+    index: int
+    canvas: torch.Tensor            # [B, L] the noisy canvas fed to the next forward
+    argmax: torch.Tensor            # [B, L] the latest draft
+    masks: object                   # the decoder attention masks
+    done: torch.Tensor              # [B] rows whose denoising stopped
+    view: StepView
+    sc_logits: torch.Tensor | None = None   # the last step's logits, fed back as self-conditioning
+    sub: tuple | None = None        # (rows, cache, masks) of the last sub-batch forward
+
+
+def _one_hot_frozen(logits: torch.Tensor, frozen: torch.Tensor, frozen_tokens: torch.Tensor) -> None:
+    """Frozen positions get a one-hot distribution on their token: zero entropy, always re-accepted."""
+    if frozen.any():
+        rows = logits[frozen]
+        rows.fill_(float("-inf"))
+        rows.scatter_(-1, frozen_tokens[frozen].unsqueeze(-1), 0.0)
+        logits[frozen] = rows
+
+
+def encode_committed(run: Run) -> None:
+    """1.a Encode what is not cached yet: the prompt, then each committed canvas."""
+    new_ids = run.sequences[:, run.encoded:].clone(memory_format=torch.contiguous_format)
+    pos = torch.arange(run.encoded, run.cur_len, dtype=torch.int32, device=new_ids.device).unsqueeze(0)
+    with run.clock.model():
+        run.cache = encode(run.model, new_ids, run.attention_mask, run.cache, pos).past_key_values
+    run.encoded = run.cur_len
+
+
+def cache_rows(cache, rows: torch.Tensor):
+    """A cache holding only ``rows`` (the decoder reads the cache and never writes it, so a
+    sub-batch forward can run on this copy)."""
+    sub = copy.copy(cache)
+    sub.layers = []
+    for layer in cache.layers:
+        part = copy.copy(layer)
+        if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
+            part.keys, part.values = layer.keys[rows], layer.values[rows]
+        sub.layers.append(part)
+    return sub
+
+
+def cat_caches(cache, other) -> None:
+    """Appends ``other``'s rows to ``cache`` (both hold the same number of encoded columns)."""
+    for layer, add in zip(cache.layers, other.layers):
+        if not getattr(add, "is_initialized", False) or add.keys is None or not add.keys.numel():
+            continue
+        if getattr(layer, "cumulative_length", None) != getattr(add, "cumulative_length", None):
+            raise RuntimeError("cache rows of different lengths cannot be merged")
+        layer.keys = torch.cat([layer.keys, add.keys], dim=0)
+        layer.values = torch.cat([layer.values, add.values], dim=0)
+
+
+def start_canvas(run: Run, canvas_index: int) -> Canvas:
+    """1.b A fresh noise canvas; the hook may freeze positions and finish rows up front."""
+    model, B, L, device = run.model, run.sequences.shape[0], run.L, run.sequences.device
+    canvas = random_canvas(B, L, run.V, device, run.generators, rows=~run.finished)
+    masks = model.model.decoder.create_diffusion_decoder_attention_mask(
+        config=model.config, inputs_embeds=canvas.unsqueeze(-1), past_key_values=run.cache,
+        decoder_attention_mask=run.dec_attn)
+    run.stopper.reset()
+    frozen = torch.zeros(B, L, dtype=torch.bool, device=device)
+    frozen_tokens = torch.full((B, L), run.pad_token_id if run.pad_token_id is not None else 0, device=device)
+    max_steps = run.settings.max_denoising_steps
+    view = StepView(canvas_index=canvas_index, step=max_steps, max_steps=max_steps, logits=torch.empty(0),
+                    canvas=canvas, frozen=frozen, frozen_tokens=frozen_tokens,
+                    done=torch.zeros(B, dtype=torch.bool, device=device), active=~run.finished)
+    with run.clock.hook():
+        run.hook.start_canvas(view)
+    canvas = torch.where(view.frozen, view.frozen_tokens, canvas)
+    done = torch.zeros(B, dtype=torch.bool, device=device) | view.done
+    return Canvas(index=canvas_index, canvas=canvas, argmax=canvas, masks=masks, done=done, view=view)
+
+
+def _mask(run: Run, c: Canvas, logits: torch.Tensor, cur_step: int, active: torch.Tensor) -> torch.Tensor:
+    """The hook's ``mask_logits``; returns the argmax of the masked logits."""
+    view = c.view
+    frozen, frozen_tokens = view.frozen, view.frozen_tokens
+    with run.clock.hook():
+        _one_hot_frozen(logits, frozen, frozen_tokens)
+        view.step, view.logits, view.canvas = cur_step, logits, c.canvas
+        view.active, view.sample_at = active, None
+        # the draft before masking, computed once for the hook; the hook reports the positions it
+        # changed (``view.touched``) so only those are argmaxed again
+        view.draft, view.touched = torch.argmax(logits, dim=-1), None
+        run.hook.mask_logits(view)
+        if run.reproduce:  # no hook: nothing changed the logits
+            return view.draft
+        if view.touched is None:
+            return torch.argmax(logits, dim=-1)
+        argmax = view.draft.clone()
+        if view.touched.any():
+            argmax[view.touched] = torch.argmax(logits[view.touched], dim=-1)
+        return argmax
+
+
+def _draw(run: Run, c: Canvas, logits: torch.Tensor, argmax: torch.Tensor, accept: torch.Tensor,
+          frozen: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """The denoiser's sample: per-row generators draw only where the step can change the canvas;
+    the global RNG draws every position, as transformers does."""
+    if run.generators is not None:
+        where = accept & ~frozen & active[:, None]
+        if c.view.sample_at is not None:
+            where |= c.view.sample_at & active[:, None]
+        return sample_rows(logits, fill=argmax, where=where, generators=run.generators, top_p=run.top_p,
+                           greedy=run.greedy)
+    if run.greedy:
+        return argmax
+    if run.top_p < 1.0:
+        B, L, V = logits.shape
+        return sample_tokens(top_p_filter(logits.view(-1, V), run.top_p).view(B, L, V))
+    return sample_tokens(logits)
+
+
+def _forward(run: Run, c: Canvas, unfinished: torch.Tensor) -> torch.Tensor:
+    """The decoder's logits ``[B, L, V]``. With a hook, only the rows still denoising are
+    forwarded (the others' rows are zero; the step keeps their last logits): a batch costs what
+    its live rows cost, not what its slowest row costs."""
+    model = run.model
+    if run.reproduce or bool(unfinished.all()):
+        return model(decoder_input_ids=c.canvas, self_conditioning_logits=c.sc_logits, decoder_attention_mask=c.masks,
+                     past_key_values=run.cache, decoder_position_ids=run.dec_pos).logits
+    rows = torch.nonzero(unfinished).squeeze(-1)
+    key = tuple(rows.tolist())
+    if c.sub is None or c.sub[0] != key:
+        cache = cache_rows(run.cache, rows)
+        masks = model.model.decoder.create_diffusion_decoder_attention_mask(
+            config=model.config, inputs_embeds=c.canvas[rows].unsqueeze(-1), past_key_values=cache,
+            decoder_attention_mask=run.dec_attn[rows])
+        c.sub = (key, cache, masks)
+    _, cache, masks = c.sub
+    sc = c.sc_logits[rows] if c.sc_logits is not None else None
+    part = model(decoder_input_ids=c.canvas[rows], self_conditioning_logits=sc, decoder_attention_mask=masks,
+                 past_key_values=cache, decoder_position_ids=run.dec_pos).logits
+    B, L = c.canvas.shape
+    full = part.new_zeros((B, L, part.shape[-1]))
+    full[rows] = part
+    return full
+
+
+def denoise_step(run: Run, c: Canvas, cur_step: int) -> None:
+    """1.c One denoising step: forward, mask, accept by entropy, sample, renoise, check the stop."""
+    unfinished = ~(c.done | run.finished)
+    run.passes += unfinished
+    run.steps += 1
+    with run.clock.model():
+        raw = _forward(run, c, unfinished)
+    t_step = temperature(run.settings, cur_step)
+    # in place: the forward's logits are ours, and the values are those of ``raw / t``
+    logits = raw.div_(t_step * run.scale if run.scale is not None else t_step)
+    active = unfinished
+    frozen = c.view.frozen
+    argmax = _mask(run, c, logits, cur_step, active)
+
+    # one entropy per step, shared by the acceptance rule and the stopping rule
+    if run.reproduce:  # NaN-free: an emptied position becomes uniform
+        entropy = step_entropy(logits)
+    else:  # frozen positions (one-hot: entropy 0) and stopped rows need none
+        entropy = step_entropy_at(logits, active[:, None] & ~frozen)
+    accept = entropy_bound_accept(logits, run.settings.entropy_bound, entropy=entropy)
+    sample = _draw(run, c, logits, argmax, accept, frozen, active)
+
+    view = c.view
+    with run.clock.hook():
+        view.sample, view.argmax, view.accept = sample, argmax, accept
+        view.active = active
+        run.hook.accept(view)
+        frozen, frozen_tokens = view.frozen, view.frozen_tokens
+        sample = torch.where(frozen, frozen_tokens, view.sample)
+        argmax = torch.where(frozen, frozen_tokens, view.argmax)
+        accept = view.accept | frozen
+
+    accepted = torch.where(accept, sample, c.canvas)
+    B, L = accept.shape
+    new_canvas = torch.where(~accept, random_canvas(B, L, run.V, accept.device, run.generators, rows=active),
+                             accepted)
+    if c.done.any():  # rows that stopped keep their canvas, draft and self-conditioning
+        argmax = torch.where(c.done[:, None], c.argmax, argmax)
+        new_canvas = torch.where(c.done[:, None], c.canvas, new_canvas)
+        if c.sc_logits is not None:  # None when a row was finished by the hook before step 1
+            # rows only (the values of a full-vocabulary ``torch.where``, without its copy)
+            logits[c.done] = c.sc_logits[c.done].to(logits.dtype)
+    c.done |= run.stopper(argmax, logits, entropy=entropy)
+    c.done |= view.done
+    c.canvas, c.argmax = new_canvas, argmax
+    c.sc_logits = logits.to(run.model.model.decoder.embed_tokens.weight.dtype)
+
+
+def commit_canvas(run: Run, c: Canvas) -> None:
+    """1.d The hook's ``finish_canvas`` turns the last draft into the committed tokens."""
+    view = c.view
+    with run.clock.hook():
+        if c.sc_logits is not None:  # else no step ran: the hook finished every row up front
+            view.logits = c.sc_logits
+        # every row that generated in this canvas ends it, whether the stopper ended its
+        # denoising early (a batch) or at the last step: none commits unchecked positions
+        view.active = ~run.finished
+        committed = run.hook.finish_canvas(view, c.argmax)
+    run.sequences = torch.cat([run.sequences, committed], dim=-1)
+    run.canvases += 1
+
+
+def pad_after_eos(run: Run) -> None:
+    """1.e This canvas's tokens after a stop token, and all tokens of rows finished before, become pad."""
+    L, pad = run.L, run.pad_token_id
+    is_eos = torch.isin(run.sequences[:, -L:], run.eos)
+    finished_now = is_eos.any(dim=-1)
+    if pad is not None and (run.finished | finished_now).any():
+        run.sequences[run.finished, -L:] = pad
+        csum = is_eos.cumsum(dim=-1)
+        after = (csum > 0) & ~((csum == 1) & is_eos)
+        tail = run.sequences[:, -L:]
+        tail[after] = pad
+    run.finished = run.finished | finished_now
+
+
+def next_canvas(run: Run) -> None:
+    """1.f Positions and masks move on by one canvas."""
+    L = run.L
+    run.cur_len += L
+    run.dec_attn = torch.nn.functional.pad(run.dec_attn, (0, L), value=True)
+    run.attention_mask = torch.nn.functional.pad(run.attention_mask, (0, L), value=True)
+    run.dec_pos = torch.arange(run.cur_len, run.cur_len + L, dtype=torch.int32,
+                               device=run.sequences.device).unsqueeze(0)

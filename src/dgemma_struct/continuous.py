@@ -1,0 +1,266 @@
+"""Continuous batching: requests join a running diffusion batch between canvases and leave it the
+moment they finish, so a batch is never held up by its slowest row and a new request never waits
+for a whole batch to end.
+
+A :class:`ContinuousScheduler` keeps running :class:`~dgemma_struct.canvas.CanvasBatch` objects
+(one per sampling setting, plus older ones still draining) and, at every :meth:`~ContinuousScheduler.step`:
+
+1. **admits** waiting requests into the newest batch of their sampling setting when their prompt
+   fits its length (left padding at most ``max_pad`` tokens, the whole output within the model's
+   context); otherwise into a new batch, while the rows in all batches stay within ``max_rows``;
+2. runs **one canvas** of every batch (rows that stopped denoising are left out of the forward);
+3. **solves** the rows that left: validation, repair and AR fallback as
+   :func:`~dgemma_struct.api.generate` does (:meth:`~dgemma_struct.repair.RepairSession.solve`);
+   a free-text row's tokens are capped at its ``max_new_tokens``.
+
+Each row draws from its own generator seeded with its request's seed, so its first attempt is the
+same whatever shares its batch. A batch whose canvas fails as a whole hands its rows back as
+:class:`BatchFailed` (the caller may rerun them alone, so only the culprit fails).
+
+Example::
+
+    sched = ContinuousScheduler(runtime, max_rows=32)
+    sched.submit(RowRequest(prompt_ids=ids, max_new_tokens=64, seed=0, session=session))
+    while not sched.idle:
+        for req, result in sched.step():
+            print(result)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from dgemma_struct.canvas import CanvasBatch, FinishedRow
+from dgemma_struct.errors import GenerationTimeout
+from dgemma_struct.guide import ConstraintGuide
+from dgemma_struct.results import GenerationResult, GenerationStats
+from dgemma_struct.rows import RowState
+
+if TYPE_CHECKING:
+    from dgemma_struct.repair import RepairSession
+    from dgemma_struct.runtime import DiffusionRuntime
+
+__all__ = ["RowRequest", "ContinuousScheduler", "BatchFailed"]
+
+
+@dataclass(eq=False)
+class RowRequest:
+    """One request for a :class:`ContinuousScheduler`. ``session``: a prepared constrained request
+    (:func:`dgemma_struct.request.prepare`); ``None`` is free text. ``stop()`` True drops the row
+    (its caller went away or timed out: the result is a :class:`GenerationTimeout`).
+    ``on_canvas(token_ids)`` sees the row's committed tokens after each canvas (stop tokens and
+    padding removed, at most ``max_new_tokens``). ``tag``: anything the caller wants back."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    seed: int
+    session: RepairSession | None = None
+    temperature: float | None = None
+    top_p: float = 1.0
+    stop: Callable[[], bool] | None = None
+    on_canvas: Callable[[list[int]], None] | None = None
+    tag: Any = None
+    # set by the scheduler
+    admitted: float | None = None      # time.perf_counter() when it joined a batch
+    guide: ConstraintGuide | None = field(default=None, repr=False)
+    tokens: list[int] = field(default_factory=list, repr=False)
+
+
+class BatchFailed(Exception):
+    """A batch's canvas raised: every row in it is handed back with this error (``cause``)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"the batched canvas failed: {cause!r}")
+        self.cause = cause
+
+
+@dataclass(eq=False)
+class _Batch:
+    key: tuple
+    canvas: CanvasBatch
+    guide: ConstraintGuide
+    rows: dict[int, RowRequest] = field(default_factory=dict)
+
+
+class ContinuousScheduler:
+    """See the module docstring. ``max_rows``: rows in all running batches together;
+    ``max_pad``: the most left padding a joining row may get (default: 4 canvases)."""
+
+    def __init__(self, runtime: DiffusionRuntime, *, max_rows: int = 64, max_pad: int | None = None):
+        if max_rows < 1:
+            raise ValueError("max_rows must be >= 1")
+        self.rt = runtime
+        self.L = runtime.model.config.canvas_length
+        self.max_rows = max_rows
+        self.max_pad = 4 * self.L if max_pad is None else max_pad
+        self.waiting: list[RowRequest] = []
+        self.batches: list[_Batch] = []
+        self.counters = {"admitted": 0, "batches_opened": 0, "canvases": 0, "largest_batch": 0, "finished": 0,
+                         "cancelled": 0, "failed_batches": 0, "joined_running": 0}
+
+    # ------------------------------------------------------------------ state
+    @property
+    def running(self) -> int:
+        """Rows in the running batches."""
+        return sum(b.canvas.size for b in self.batches)
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.batches
+
+    def abandon(self) -> list[RowRequest]:
+        """Every waiting and running request, removed (after an unexpected failure)."""
+        reqs = self.waiting + [r for b in self.batches for r in b.rows.values()]
+        self.waiting, self.batches = [], []
+        return reqs
+
+    def submit(self, req: RowRequest) -> None:
+        """Queue ``req``; it joins a batch at the next :meth:`step`."""
+        self.waiting.append(req)
+
+    # ------------------------------------------------------------------ 1. admission
+    def _key(self, req: RowRequest) -> tuple:
+        return (req.temperature, req.top_p)
+
+    def _fits(self, b: _Batch, req: RowRequest) -> bool:
+        n, width = len(req.prompt_ids), b.canvas.width
+        canvases = -(-req.max_new_tokens // self.L)
+        return (b.canvas.fits(n) and width - n <= self.max_pad
+                and max(width, n) + canvases * self.L <= self.rt.max_context)
+
+    def _new_batch(self, req: RowRequest) -> _Batch:
+        o = req.session.opts if req.session is not None else None
+        guide = ConstraintGuide([], pad_token_id=self.rt.pad_token_id or 0,
+                                progress=o.progress if o else True, force_tokens=o.force_tokens if o else True,
+                                renoise_invalid=o.renoise_invalid if o else False, budgets=[],
+                                close_on_budget=o.close_on_budget if o else True)
+        canvas = CanvasBatch(self.rt.model, settings=self.rt.settings, eos_token_ids=self.rt.eos_token_ids,
+                             pad_token_id=self.rt.pad_token_id, hook=guide, temperature_scale=req.temperature,
+                             top_p=req.top_p)
+        b = _Batch(key=self._key(req), canvas=canvas, guide=guide)
+        self.batches.append(b)
+        self.counters["batches_opened"] += 1
+        return b
+
+    def _row_state(self, req: RowRequest) -> RowState:
+        if req.session is None:
+            return RowState(None, stop=req.stop)
+        req.guide = req.session.guide_for([])   # the request's own guide: ``outcome(0)`` reads the shared row
+        row = req.guide.rows[0]
+        row.stop = req.stop
+        return row
+
+    def _admit(self) -> list[tuple[RowRequest, Any]]:
+        out: list[tuple[RowRequest, Any]] = []
+        still: list[RowRequest] = []
+        room = self.max_rows - self.running
+        joining: dict[int, list[RowRequest]] = {}
+        for req in self.waiting:
+            if req.stop is not None and req.stop():
+                self.counters["cancelled"] += 1
+                out.append((req, GenerationTimeout("the request was cancelled or timed out before it started")))
+                continue
+            if room <= 0:
+                still.append(req)
+                continue
+            key = self._key(req)
+            target = next((b for b in reversed(self.batches) if b.key == key and self._fits(b, req)), None)
+            if target is None:
+                target = self._new_batch(req)
+            joining.setdefault(id(target), []).append(req)
+            room -= 1
+        self.waiting = still
+        for b in list(self.batches):
+            reqs = joining.get(id(b))
+            if not reqs:
+                continue
+            now = time.perf_counter()
+            states = [self._row_state(r) for r in reqs]
+            gens = [torch.Generator(device=self.rt.model.device).manual_seed(r.seed) for r in reqs]
+            joined = b.canvas.size
+            try:
+                ids = b.canvas.admit([r.prompt_ids for r in reqs], canvases=[-(-r.max_new_tokens // self.L) for r in reqs],
+                                     generators=gens, rows=states)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # noqa: BLE001 - this batch's rows are handed back
+                self.counters["failed_batches"] += 1
+                self.batches.remove(b)
+                out += [(r, BatchFailed(err)) for r in list(b.rows.values()) + reqs]
+                continue
+            if joined:
+                self.counters["joined_running"] += len(reqs)
+            for i, r in zip(ids, reqs):
+                r.admitted = now
+                b.rows[i] = r
+            self.counters["admitted"] += len(reqs)
+            self.counters["largest_batch"] = max(self.counters["largest_batch"], b.canvas.size)
+        return out
+
+    # ------------------------------------------------------------------ 2. one canvas
+    def step(self) -> list[tuple[RowRequest, Any]]:
+        """Admit, run one canvas of every batch, and return ``(request, result)`` for every row
+        that finished: a :class:`~dgemma_struct.results.GenerationResult`, a typed error, or a
+        :class:`BatchFailed`."""
+        done = self._admit()
+        for b in list(self.batches):
+            try:
+                left = b.canvas.run_canvas(on_canvas=self._canvas_hook(b))
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # noqa: BLE001 - native panics too: the rows are handed back
+                self.counters["failed_batches"] += 1
+                self.batches.remove(b)
+                done += [(r, BatchFailed(err)) for r in b.rows.values()]
+                continue
+            self.counters["canvases"] += 1
+            for row in left:
+                done.append(self._finish(b, row))
+            if b.canvas.size == 0:
+                self.batches.remove(b)
+        return done
+
+    def _canvas_hook(self, b: _Batch) -> Callable[[int, torch.Tensor, list[int]], None] | None:
+        if not any(r.on_canvas is not None for r in b.rows.values()):
+            return None
+
+        def on_canvas(i: int, tokens: torch.Tensor, ids: list[int]) -> None:
+            for pos, rid in enumerate(ids):
+                r = b.rows.get(rid)
+                if r is None or r.on_canvas is None:
+                    continue
+                r.tokens.extend(tokens[pos].tolist())
+                kept, _ = self.rt._split(r.tokens, r.max_new_tokens)
+                r.on_canvas(kept)
+        return on_canvas
+
+    # ------------------------------------------------------------------ 3. results
+    def _finish(self, b: _Batch, row: FinishedRow) -> tuple[RowRequest, Any]:
+        req = b.rows.pop(row.id)
+        self.counters["finished"] += 1
+        rt = self.rt
+        token_ids, reason = rt._split(row.tokens, req.max_new_tokens)
+        non_pad = int((row.tokens != rt.pad_token_id).sum()) if rt.pad_token_id is not None else len(row.tokens)
+        t0 = req.admitted if req.admitted is not None else time.perf_counter()
+        wall = time.perf_counter() - t0
+        stats = GenerationStats(mode="diffusion", forward_passes=row.passes, generated_tokens=len(token_ids),
+                                tokens_per_forward=non_pad / row.passes if row.passes else 0.0,
+                                canvases=row.tokens.shape[0] // self.L, wall_s=wall, other_s=wall,
+                                finish_reason=reason, seed=req.seed)
+        res = GenerationResult(text=rt.decode(token_ids), token_ids=token_ids, stats=stats)
+        if req.session is None:
+            if req.stop is not None and req.stop():
+                return req, GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
+            res.value = res.text
+            return req, res
+        try:
+            if req.guide.outcome(0).cut:
+                raise GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
+            return req, req.session.solve(first=req.session.absorb(res, req.guide), t0=t0)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # noqa: BLE001 - typed errors (and native panics) go back to the caller
+            return req, err

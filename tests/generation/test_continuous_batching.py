@@ -1,0 +1,152 @@
+"""Continuous batching: rows join a running diffusion batch between canvases, leave it as soon as
+they finish, and each row's output is what it gets alone (same seed); rows that stopped denoising
+are left out of the forward; a cancelled row or a failing canvas hurts nobody else."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+
+from dgemma_struct import generate
+from dgemma_struct.canvas import CanvasBatch
+from dgemma_struct.continuous import BatchFailed, ContinuousScheduler, RowRequest
+from dgemma_struct.errors import GenerationTimeout
+from dgemma_struct.guide import ConstraintGuide
+from dgemma_struct.options import GenerateOptions
+from dgemma_struct.request import prepare
+from dgemma_struct.rows import RowState
+
+NOTES = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string", "minLength": 12,
+                                                                               "maxLength": 20},
+                                                    "minItems": 4, "maxItems": 4}},
+         "required": ["notes"], "additionalProperties": False}
+PROMPTS = [f"Write four short notes about item {i} as JSON." + " Extra context here." * (i % 3) for i in range(6)]
+
+
+def _request(rt, prompt, schema, *, seed, max_new_tokens, **kw):
+    opts = GenerateOptions.build(None, {"seed": seed, "max_new_tokens": max_new_tokens}, verb="generate")
+    session = prepare(prompt, schema, rt, opts)
+    return RowRequest(prompt_ids=session.prompt_ids, max_new_tokens=max_new_tokens, seed=session.seed,
+                      session=session, tag=prompt, **kw)
+
+
+def test_rows_joining_a_running_batch_get_what_they_get_alone(embedded_runtime):
+    rt = embedded_runtime
+    singles = {p: generate(p, NOTES, runtime=rt, seed=5, max_new_tokens=160, return_details=True).text
+               for p in PROMPTS}
+    sched = ContinuousScheduler(rt)
+    results = {}
+    k = 0
+    while not sched.idle or k < len(PROMPTS):
+        if k < len(PROMPTS):   # one new request per canvas: each joins a batch that is already running
+            sched.submit(_request(rt, PROMPTS[k], NOTES, seed=5, max_new_tokens=160))
+        for req, res in sched.step():
+            results[req.tag] = res
+        k += 1
+    assert sched.counters["joined_running"] >= 2           # the test exercises joining, not only fresh batches
+    for p in PROMPTS:
+        assert results[p].text == singles[p]
+        jsonschema.validate(json.loads(results[p].text), NOTES)
+
+
+def test_finished_rows_leave_and_stopped_rows_skip_the_forward(tiny_runtime):
+    rt = tiny_runtime
+    L = rt.model.config.canvas_length
+    guide = ConstraintGuide([], pad_token_id=rt.pad_token_id, budgets=[])
+    batch = CanvasBatch(rt.model, settings=rt.settings, eos_token_ids=rt.eos_token_ids, pad_token_id=rt.pad_token_id,
+                        hook=guide)
+    sizes = []
+    handle = rt.model.model.decoder.register_forward_pre_hook(
+        lambda mod, args, kwargs: sizes.append(kwargs["decoder_input_ids"].shape[0]), with_kwargs=True)
+    try:
+        prompt = rt.encode_prompt("Say something.")
+        ids = batch.admit([prompt, prompt, prompt], canvases=[1, 3, 2],
+                          generators=[torch.Generator().manual_seed(s) for s in range(3)],
+                          rows=[RowState(None), RowState(None), RowState(None)])
+        left = []
+        while batch.size:
+            before = batch.size
+            out = batch.run_canvas()
+            left.append([r.id for r in out])
+            assert batch.size == before - len(out)
+    finally:
+        handle.remove()
+    finished_after = {rid: i for i, rids in enumerate(left) for rid in rids}
+    # a row leaves after its own last canvas at the latest (a stop token may end it sooner)
+    assert finished_after[ids[0]] == 0 and finished_after[ids[1]] <= 2 and finished_after[ids[2]] <= 1
+    assert len(guide.rows) == 0 and len(guide.all_rows) == 3
+    assert max(sizes) <= 3 and min(sizes) < 3      # forwards shrink as rows leave or stop denoising
+    assert rt.model.config.canvas_length == L
+
+
+def test_cancelled_row_times_out_and_the_others_finish(embedded_runtime):
+    rt = embedded_runtime
+    sched = ContinuousScheduler(rt)
+    flag = {"stop": False}
+    sched.submit(_request(rt, PROMPTS[0], NOTES, seed=1, max_new_tokens=160, stop=lambda: flag["stop"]))
+    sched.submit(_request(rt, PROMPTS[1], NOTES, seed=1, max_new_tokens=160))
+    results = {}
+    steps = 0
+    while not sched.idle:
+        results.update({req.tag: res for req, res in sched.step()})
+        steps += 1
+        flag["stop"] = True      # the first request's caller goes away after the first canvas
+    assert isinstance(results[PROMPTS[0]], GenerationTimeout) or PROMPTS[0] in results
+    jsonschema.validate(json.loads(results[PROMPTS[1]].text), NOTES)
+
+
+def test_a_failing_canvas_hands_its_rows_back_and_the_scheduler_goes_on(embedded_runtime, monkeypatch):
+    rt = embedded_runtime
+    sched = ContinuousScheduler(rt)
+    sched.submit(_request(rt, PROMPTS[0], NOTES, seed=1, max_new_tokens=64))
+    sched.submit(_request(rt, PROMPTS[1], NOTES, seed=1, max_new_tokens=64))
+
+    def boom(self, *a, **k):
+        raise RuntimeError("native crash stand-in")
+    monkeypatch.setattr(CanvasBatch, "run_canvas", boom)
+    out = sched.step()
+    assert len(out) == 2 and all(isinstance(res, BatchFailed) for _, res in out)
+    assert sched.idle and sched.counters["failed_batches"] == 1
+    monkeypatch.undo()
+    sched.submit(_request(rt, PROMPTS[2], NOTES, seed=1, max_new_tokens=160))
+    results = []
+    while not sched.idle:
+        results += sched.step()
+    jsonschema.validate(json.loads(results[0][1].text), NOTES)
+
+
+def test_free_text_rows_are_capped_and_share_the_batch(embedded_runtime):
+    rt = embedded_runtime
+    sched = ContinuousScheduler(rt)
+    ids = rt.encode_prompt("Tell me about the weather.")
+    sched.submit(RowRequest(prompt_ids=ids, max_new_tokens=5, seed=0, tag="free"))
+    sched.submit(_request(rt, PROMPTS[0], NOTES, seed=2, max_new_tokens=160))
+    results = {}
+    while not sched.idle:
+        results.update({req.tag: res for req, res in sched.step()})
+    free = results["free"]
+    assert len(free.token_ids) <= 5 and free.value == free.text
+    assert free.stats.finish_reason in ("stop", "length")
+    jsonschema.validate(json.loads(results[PROMPTS[0]].text), NOTES)
+    assert sched.counters["largest_batch"] == 2
+
+
+def test_a_prompt_longer_than_the_batch_opens_a_new_batch(embedded_runtime):
+    rt = embedded_runtime
+    sched = ContinuousScheduler(rt, max_pad=0)
+    sched.submit(_request(rt, "Short.", NOTES, seed=0, max_new_tokens=160))
+    sched.step()
+    long = "Write four short notes about this long text as JSON. " + "More words here. " * 40
+    sched.submit(_request(rt, long, NOTES, seed=0, max_new_tokens=160))
+    done = sched.step()
+    assert sched.counters["batches_opened"] == 2 or any(r.tag == "Short." for r, _ in done)
+    while not sched.idle:
+        sched.step()
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_bad_max_rows(embedded_runtime, bad):
+    with pytest.raises(ValueError):
+        ContinuousScheduler(embedded_runtime, max_rows=bad)
