@@ -77,7 +77,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     config = ServerConfig.from_env(host=args.host, port=args.port, model=args.model, api_key=args.api_key,
                                    max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
-                                   batching=args.batching,
+                                   batching=args.batching, mode_choice=args.mode_choice,
                                    max_queue=args.max_queue, request_timeout_s=args.timeout,
                                    max_tokens_cap=args.max_tokens_cap, queue_timeout_s=args.queue_timeout,
                                    compile_timeout_s=args.compile_timeout,
@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batching", choices=("continuous", "static"), default=None,
                    help="continuous (default): requests join and leave a running batch between canvases; "
                         "static: batches formed in the queue run to their end")
+    p.add_argument("--mode-choice", choices=("requested", "auto"), default=None,
+                   help="requested (default): diffusion; auto: each new batch runs diffusion or AR, whichever "
+                        "measured more finished rows per second at the current load (continuous batching only)")
     p.add_argument("--max-wait-ms", type=float, default=None, help="batching window (default 10 ms)")
     p.add_argument("--max-queue", type=int, default=None, help="waiting requests before 429 (default 64)")
     p.add_argument("--timeout", type=float, default=None, help="per-request timeout in seconds (default 60)")

@@ -10,8 +10,13 @@ A :class:`ContinuousScheduler` keeps running :class:`~dgemma_struct.canvas.Canva
    context); otherwise into a new batch, while the rows in all batches stay within ``max_rows``;
 2. runs **one canvas** of every batch (rows that stopped denoising are left out of the forward);
 3. **solves** the rows that left: validation, repair and AR fallback as
-   :func:`~dgemma_struct.api.generate` does (:meth:`~dgemma_struct.repair.RepairSession.solve`);
-   a free-text row's tokens are capped at its ``max_new_tokens``.
+   :func:`~dgemma_struct.api.generate` does (:meth:`~dgemma_struct.repair.RepairSession.attempts`).
+   A repair (and the AR fallback) is a new row from the kept prefix that joins at the next step,
+   so repairs are batched too; a free-text row's tokens are capped at its ``max_new_tokens``.
+
+Rows run in diffusion (:class:`~dgemma_struct.canvas.CanvasBatch`) or AR
+(:class:`~dgemma_struct.autoregressive.ARBatch`, ``L`` tokens per step); ``mode="auto"`` lets a
+:class:`~dgemma_struct.mode_choice.ModeChooser` pick per new batch from measured throughput.
 
 Each row draws from its own generator seeded with its request's seed, so its first attempt is the
 same whatever shares its batch. A batch whose canvas fails as a whole hands its rows back as
@@ -29,13 +34,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 import torch
 
+from dgemma_struct.autoregressive import ARBatch
 from dgemma_struct.canvas import CanvasBatch, FinishedRow
 from dgemma_struct.errors import GenerationTimeout
+from dgemma_struct.options import check_deadline
 from dgemma_struct.guide import ConstraintGuide
+from dgemma_struct.mode_choice import ModeChooser
 from dgemma_struct.results import GenerationResult, GenerationStats
 from dgemma_struct.rows import RowState
 
@@ -63,8 +71,12 @@ class RowRequest:
     stop: Callable[[], bool] | None = None
     on_canvas: Callable[[list[int]], None] | None = None
     tag: Any = None
+    mode: str = "diffusion"            # "diffusion", "ar", or "auto" (the scheduler picks per batch)
+    prefix: list[int] = field(default_factory=list)   # a repair: the kept tokens it continues from
     # set by the scheduler
     admitted: float | None = None      # time.perf_counter() when it joined a batch
+    t0: float | None = None            # when its first attempt joined (the request's wall time)
+    plan: Generator | None = field(default=None, repr=False)   # the session's attempts, once started
     guide: ConstraintGuide | None = field(default=None, repr=False)
     tokens: list[int] = field(default_factory=list, repr=False)
 
@@ -79,8 +91,9 @@ class BatchFailed(Exception):
 
 @dataclass(eq=False)
 class _Batch:
-    key: tuple
-    canvas: CanvasBatch
+    key: tuple                         # (requested mode, temperature, top_p)
+    mode: str                          # the mode it runs: "diffusion" or "ar"
+    canvas: CanvasBatch | ARBatch
     guide: ConstraintGuide
     rows: dict[int, RowRequest] = field(default_factory=dict)
 
@@ -89,9 +102,11 @@ class ContinuousScheduler:
     """See the module docstring. ``max_rows``: rows in all running batches together;
     ``max_pad``: the most left padding a joining row may get (default: 4 canvases)."""
 
-    def __init__(self, runtime: DiffusionRuntime, *, max_rows: int = 64, max_pad: int | None = None):
+    def __init__(self, runtime: DiffusionRuntime, *, max_rows: int = 64, max_pad: int | None = None,
+                 chooser: ModeChooser | None = None):
         if max_rows < 1:
             raise ValueError("max_rows must be >= 1")
+        self.chooser = chooser if chooser is not None else ModeChooser()
         self.rt = runtime
         self.L = runtime.model.config.canvas_length
         self.max_rows = max_rows
@@ -99,7 +114,8 @@ class ContinuousScheduler:
         self.waiting: list[RowRequest] = []
         self.batches: list[_Batch] = []
         self.counters = {"admitted": 0, "batches_opened": 0, "canvases": 0, "largest_batch": 0, "finished": 0,
-                         "cancelled": 0, "failed_batches": 0, "joined_running": 0}
+                         "cancelled": 0, "failed_batches": 0, "joined_running": 0, "repair_rows": 0,
+                         "rows_diffusion": 0, "rows_ar": 0}
 
     # ------------------------------------------------------------------ state
     @property
@@ -123,7 +139,7 @@ class ContinuousScheduler:
 
     # ------------------------------------------------------------------ 1. admission
     def _key(self, req: RowRequest) -> tuple:
-        return (req.temperature, req.top_p)
+        return (req.mode, req.temperature, req.top_p)
 
     def _fits(self, b: _Batch, req: RowRequest) -> bool:
         n, width = len(req.prompt_ids), b.canvas.width
@@ -131,16 +147,22 @@ class ContinuousScheduler:
         return (b.canvas.fits(n) and width - n <= self.max_pad
                 and max(width, n) + canvases * self.L <= self.rt.max_context)
 
-    def _new_batch(self, req: RowRequest) -> _Batch:
+    def _new_batch(self, req: RowRequest, load: int) -> _Batch:
+        mode = self.chooser.pick(load) if req.mode == "auto" else req.mode
         o = req.session.opts if req.session is not None else None
         guide = ConstraintGuide([], pad_token_id=self.rt.pad_token_id or 0,
                                 progress=o.progress if o else True, force_tokens=o.force_tokens if o else True,
                                 renoise_invalid=o.renoise_invalid if o else False, budgets=[],
                                 close_on_budget=o.close_on_budget if o else True)
-        canvas = CanvasBatch(self.rt.model, settings=self.rt.settings, eos_token_ids=self.rt.eos_token_ids,
-                             pad_token_id=self.rt.pad_token_id, hook=guide, temperature_scale=req.temperature,
-                             top_p=req.top_p)
-        b = _Batch(key=self._key(req), canvas=canvas, guide=guide)
+        if mode == "ar":
+            batch: CanvasBatch | ARBatch = ARBatch(self.rt.model, eos_token_ids=self.rt.eos_token_ids,
+                                                   pad_token_id=self.rt.pad_token_id, hook=guide,
+                                                   temperature=req.temperature, top_p=req.top_p)
+        else:
+            batch = CanvasBatch(self.rt.model, settings=self.rt.settings, eos_token_ids=self.rt.eos_token_ids,
+                                pad_token_id=self.rt.pad_token_id, hook=guide, temperature_scale=req.temperature,
+                                top_p=req.top_p)
+        b = _Batch(key=self._key(req), mode=mode, canvas=batch, guide=guide)
         self.batches.append(b)
         self.counters["batches_opened"] += 1
         return b
@@ -148,7 +170,7 @@ class ContinuousScheduler:
     def _row_state(self, req: RowRequest) -> RowState:
         if req.session is None:
             return RowState(None, stop=req.stop)
-        req.guide = req.session.guide_for([])   # the request's own guide: ``outcome(0)`` reads the shared row
+        req.guide = req.session.guide_for(req.prefix)   # its own guide: ``outcome(0)`` reads the shared row
         row = req.guide.rows[0]
         row.stop = req.stop
         return row
@@ -169,7 +191,7 @@ class ContinuousScheduler:
             key = self._key(req)
             target = next((b for b in reversed(self.batches) if b.key == key and self._fits(b, req)), None)
             if target is None:
-                target = self._new_batch(req)
+                target = self._new_batch(req, load=self.running + len(self.waiting))
             joining.setdefault(id(target), []).append(req)
             room -= 1
         self.waiting = still
@@ -182,8 +204,13 @@ class ContinuousScheduler:
             gens = [torch.Generator(device=self.rt.model.device).manual_seed(r.seed) for r in reqs]
             joined = b.canvas.size
             try:
-                ids = b.canvas.admit([r.prompt_ids for r in reqs], canvases=[-(-r.max_new_tokens // self.L) for r in reqs],
-                                     generators=gens, rows=states)
+                if b.mode == "ar":
+                    ids = b.canvas.admit([r.prompt_ids for r in reqs], max_tokens=[r.max_new_tokens for r in reqs],
+                                         generators=gens, rows=states)
+                else:
+                    ids = b.canvas.admit([r.prompt_ids for r in reqs],
+                                         canvases=[-(-r.max_new_tokens // self.L) for r in reqs],
+                                         generators=gens, rows=states)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as err:  # noqa: BLE001 - this batch's rows are handed back
@@ -193,8 +220,10 @@ class ContinuousScheduler:
                 continue
             if joined:
                 self.counters["joined_running"] += len(reqs)
+            self.counters["rows_" + b.mode] += len(reqs)
             for i, r in zip(ids, reqs):
                 r.admitted = now
+                r.t0 = now if r.t0 is None else r.t0
                 b.rows[i] = r
             self.counters["admitted"] += len(reqs)
             self.counters["largest_batch"] = max(self.counters["largest_batch"], b.canvas.size)
@@ -207,8 +236,13 @@ class ContinuousScheduler:
         :class:`BatchFailed`."""
         done = self._admit()
         for b in list(self.batches):
+            rows, t0 = b.canvas.size, time.perf_counter()
             try:
-                left = b.canvas.run_canvas(on_canvas=self._canvas_hook(b))
+                if b.mode == "ar":   # as many tokens as a canvas holds
+                    left = b.canvas.run_steps(self.L)
+                    self._ar_events(b)
+                else:
+                    left = b.canvas.run_canvas(on_canvas=self._canvas_hook(b))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as err:  # noqa: BLE001 - native panics too: the rows are handed back
@@ -217,8 +251,11 @@ class ContinuousScheduler:
                 done += [(r, BatchFailed(err)) for r in b.rows.values()]
                 continue
             self.counters["canvases"] += 1
+            self.chooser.record(b.mode, rows=rows, seconds=time.perf_counter() - t0, finished=len(left))
             for row in left:
-                done.append(self._finish(b, row))
+                out = self._finish(b, row)
+                if out is not None:
+                    done.append(out)
             if b.canvas.size == 0:
                 self.batches.remove(b)
         return done
@@ -237,8 +274,17 @@ class ContinuousScheduler:
                 r.on_canvas(kept)
         return on_canvas
 
+    def _ar_events(self, b: _Batch) -> None:
+        """AR rows' streamed tokens after each step (the tokens so far, as a canvas event would)."""
+        for rid, gen in zip(b.canvas.row_ids, b.canvas.generated):
+            r = b.rows.get(rid)
+            if r is not None and r.on_canvas is not None:
+                kept, _ = self.rt._split(gen, r.max_new_tokens)
+                r.on_canvas(kept)
+
     # ------------------------------------------------------------------ 3. results
-    def _finish(self, b: _Batch, row: FinishedRow) -> tuple[RowRequest, Any]:
+    def _finish(self, b: _Batch, row: FinishedRow) -> tuple[RowRequest, Any] | None:
+        """The row's result, or ``None`` when it goes on as a repair row."""
         req = b.rows.pop(row.id)
         self.counters["finished"] += 1
         rt = self.rt
@@ -246,7 +292,7 @@ class ContinuousScheduler:
         non_pad = int((row.tokens != rt.pad_token_id).sum()) if rt.pad_token_id is not None else len(row.tokens)
         t0 = req.admitted if req.admitted is not None else time.perf_counter()
         wall = time.perf_counter() - t0
-        stats = GenerationStats(mode="diffusion", forward_passes=row.passes, generated_tokens=len(token_ids),
+        stats = GenerationStats(mode=b.mode, forward_passes=row.passes, generated_tokens=len(token_ids),
                                 tokens_per_forward=non_pad / row.passes if row.passes else 0.0,
                                 canvases=row.tokens.shape[0] // self.L, wall_s=wall, other_s=wall,
                                 finish_reason=reason, seed=req.seed)
@@ -256,10 +302,35 @@ class ContinuousScheduler:
                 return req, GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
             res.value = res.text
             return req, res
+        if req.guide.outcome(0).cut:
+            return req, GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
+        return self._advance(req, req.session.absorb(res, req.guide))
+
+    def _advance(self, req: RowRequest, attempt: Any) -> tuple[RowRequest, Any] | None:
+        """Hands ``attempt`` to the request's plan: its result, or ``None`` when the next attempt
+        was queued as a repair row (it joins at the next step, before new requests)."""
+        session = req.session
         try:
-            if req.guide.outcome(0).cut:
-                raise GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
-            return req, req.session.solve(first=req.session.absorb(res, req.guide), t0=t0)
+            if req.plan is None:
+                req.plan = session.attempts(first=attempt, t0=req.t0)
+                ask = next(req.plan)
+            else:
+                ask = req.plan.send(attempt)
+            while True:
+                prefix, mode, k = ask
+                check_deadline(session.deadline)
+                empty = session.no_room(prefix)
+                if empty is None:   # a repair (or the AR fallback) joins the batches as a new row
+                    self.counters["repair_rows"] += 1
+                    self.waiting.insert(0, RowRequest(
+                        prompt_ids=session.prompt_ids + prefix, max_new_tokens=session.opts.max_new_tokens - len(prefix),
+                        seed=session.attempt_seed(k), session=session, temperature=req.temperature, top_p=req.top_p,
+                        stop=req.stop, tag=req.tag, prefix=list(prefix), t0=req.t0, plan=req.plan,
+                        mode="auto" if req.mode == "auto" and mode == "diffusion" else mode))
+                    return None
+                ask = req.plan.send(empty)
+        except StopIteration as done:
+            return req, done.value
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # noqa: BLE001 - typed errors (and native panics) go back to the caller

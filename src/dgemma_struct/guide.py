@@ -104,6 +104,7 @@ class ConstraintGuide:
     # ------------------------------------------------------------------ a running batch
     def keep_rows(self, positions: Sequence[int]) -> None:
         """The batch keeps only the rows at ``positions`` (in this order): the others left it."""
+        self._ahead.drain()   # an AR mask computed ahead was for the old positions
         self.rows = [self.rows[b] for b in positions]
 
     def join(self, rows: Sequence[RowState], canvas_index: int) -> None:
@@ -112,6 +113,7 @@ class ConstraintGuide:
         there. Logprobs are not recorded for joined rows."""
         if self.lp is not None:
             raise ValueError("rows cannot join a guide that records logprobs")
+        self._ahead.drain()
         for r in rows:
             r.canvas0 = canvas_index
             self.rows.append(r)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence, Union
 
 from dgemma_struct.constraints import Constraint, ValidationIssue
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
@@ -140,13 +140,25 @@ class RepairSession:
         lp = None if out.logprobs is None else self.kept_logprobs + out.logprobs
         return Attempt(tokens=out.tokens, complete=out.complete, dead_end=out.dead_end, stats=s, logprobs=lp)
 
+    def no_room(self, prefix: list[int]) -> Attempt | None:
+        """The attempt from ``prefix`` when no token budget is left for one (else ``None``)."""
+        if self.opts.max_new_tokens - len(prefix) > 0:
+            return None
+        return Attempt(prefix, False, False, GenerationStats(), logprobs=list(self.kept_logprobs))
+
+    def attempt_seed(self, attempt: int) -> int:
+        """The seed attempt ``attempt`` draws from."""
+        return offset_seed(self.seed, ATTEMPT_SEED_STRIDE * attempt)
+
     def run(self, prefix: list[int], mode: str, attempt: int) -> Attempt:
+        """Runs one attempt from ``prefix`` alone."""
         check_deadline(self.deadline)
         guide = self.guide_for(prefix)
         budget = self.opts.max_new_tokens - len(prefix)
-        if budget <= 0:
-            return Attempt(prefix, False, False, GenerationStats(), logprobs=list(self.kept_logprobs))
-        seed = offset_seed(self.seed, ATTEMPT_SEED_STRIDE * attempt)
+        empty = self.no_room(prefix)
+        if empty is not None:
+            return empty
+        seed = self.attempt_seed(attempt)
         res = self.rt.generate_ids([self.prompt_ids + prefix], max_new_tokens=budget, seed=[seed], mode=mode,
                                    hook=guide, temperature=self.opts.temperature, top_p=self.opts.top_p)[0]
         return self.absorb(res, guide)
@@ -159,13 +171,27 @@ class RepairSession:
         """Attempt 0, then up to ``max_repairs`` repairs, then the AR fallback. ``first`` is an
         attempt 0 already run (by a batched or streamed loop). Raises the typed error of a
         :class:`GiveUp`."""
+        plan = self.attempts(first, t0)
+        try:
+            ask = next(plan)
+            while True:
+                ask = plan.send(self.run(*ask))
+        except StopIteration as done:
+            return done.value
+
+    def attempts(self, first: Attempt | None = None,
+                 t0: float | None = None) -> Generator[tuple[list[int], str, int], Attempt, GenerationResult]:
+        """:meth:`solve` as a generator for a caller that runs the attempts itself (a batch that
+        repairs its rows together): it yields ``(prefix, mode, attempt)``, is sent the
+        :class:`Attempt` run for it (:meth:`run` does that), and returns the result (or raises the
+        typed error)."""
         t0 = time.perf_counter() if t0 is None else t0
         o = self.opts
         prefix: list[int] = []
         last: Attempt | None = None
         for k in range(o.max_repairs + 1):
             self.stats.repairs = k
-            last = first if (k == 0 and first is not None) else self.run(prefix, o.mode, k)
+            last = first if (k == 0 and first is not None) else (yield prefix, o.mode, k)
             verdict = self.judge(last, k)
             if isinstance(verdict, Accept):
                 return self.finish(verdict, t0)
@@ -173,7 +199,7 @@ class RepairSession:
             self.kept_logprobs = (last.logprobs or [])[:len(prefix)]   # the prefix keeps its entries
         if o.fallback and o.mode == "diffusion":
             self.stats.fallback = True
-            last = self.run(prefix, "ar", o.max_repairs + 1)
+            last = yield prefix, "ar", o.max_repairs + 1
             verdict = self.judge(last, o.max_repairs)
             if isinstance(verdict, Accept):
                 return self.finish(verdict, t0)

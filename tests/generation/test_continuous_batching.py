@@ -26,7 +26,9 @@ PROMPTS = [f"Write four short notes about item {i} as JSON." + " Extra context h
 
 
 def _request(rt, prompt, schema, *, seed, max_new_tokens, **kw):
-    opts = GenerateOptions.build(None, {"seed": seed, "max_new_tokens": max_new_tokens}, verb="generate")
+    mode = kw.get("mode", "diffusion")
+    opts = GenerateOptions.build(None, {"seed": seed, "max_new_tokens": max_new_tokens,
+                                        "mode": "ar" if mode == "ar" else "diffusion"}, verb="generate")
     session = prepare(prompt, schema, rt, opts)
     return RowRequest(prompt_ids=session.prompt_ids, max_new_tokens=max_new_tokens, seed=session.seed,
                       session=session, tag=prompt, **kw)
@@ -150,3 +152,41 @@ def test_a_prompt_longer_than_the_batch_opens_a_new_batch(embedded_runtime):
 def test_bad_max_rows(embedded_runtime, bad):
     with pytest.raises(ValueError):
         ContinuousScheduler(embedded_runtime, max_rows=bad)
+
+
+def test_ar_rows_joining_a_running_batch_get_what_they_get_alone(embedded_runtime):
+    rt = embedded_runtime
+    singles = {p: generate(p, NOTES, runtime=rt, seed=1, mode="ar", max_new_tokens=160, return_details=True).text
+               for p in PROMPTS}
+    sched = ContinuousScheduler(rt)
+    results, k = {}, 0
+    while not sched.idle or k < 2:
+        if k < 2:   # half, then the other half joins after the first 32 tokens
+            for p in PROMPTS[3 * k:3 * k + 3]:
+                sched.submit(_request(rt, p, NOTES, seed=1, max_new_tokens=160, mode="ar"))
+        results.update({req.tag: res for req, res in sched.step()})
+        k += 1
+    assert sched.counters["rows_ar"] >= len(PROMPTS) and sched.counters["rows_diffusion"] == 0
+    assert sched.counters["joined_running"] >= 1
+    for p in PROMPTS:
+        assert results[p].text == singles[p] and results[p].stats.mode == "ar"
+        jsonschema.validate(json.loads(results[p].text), NOTES)
+
+
+def test_auto_mode_runs_both_modes_and_every_output_is_valid(embedded_runtime):
+    from dgemma_struct.mode_choice import ModeChooser
+    from dgemma_struct.training.corpus import make_corpus
+    from dgemma_struct.training.evaluate import HELD_OUT_SEED
+
+    rt = embedded_runtime
+    corpus = [e for e in make_corpus(200, seed=HELD_OUT_SEED) if e.get("schema")][:8]
+    sched = ContinuousScheduler(rt, chooser=ModeChooser(min_seconds=0.0), max_pad=0)
+    results = {}
+    for e in corpus:            # one at a time: every request opens a batch, so both modes get explored
+        sched.submit(_request(rt, e["prompt"], e["schema"], seed=0, max_new_tokens=128, mode="auto"))
+        while not sched.idle:
+            results.update({req.tag: res for req, res in sched.step()})
+    assert sched.counters["rows_ar"] >= 1 and sched.counters["rows_diffusion"] >= 1
+    assert set(sched.chooser.summary()["ar"]) and set(sched.chooser.summary()["diffusion"])
+    for e in corpus:
+        jsonschema.validate(json.loads(results[e["prompt"]].text), e["schema"])

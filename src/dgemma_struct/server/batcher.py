@@ -6,7 +6,9 @@ model. The event loop never runs model code.
   no request waits for a whole batch and no batch waits for its slowest row. Streams are rows like
   the others: each committed canvas becomes an event. ``max_batch_size`` caps the rows running at
   once; ``max_wait_ms`` is how long an idle worker waits for more requests before the first canvas.
-  Requests with ``logprobs`` run the static way.
+  Requests with ``logprobs`` run the static way. ``mode_choice="auto"``: each new batch runs
+  diffusion or AR, whichever measured more finished rows per second at the current load
+  (:mod:`dgemma_struct.mode_choice`); ``/health`` reports the rows per mode and the rates.
 * ``batching="static"``: the worker takes the first waiting request, then waits up to
   ``max_wait_ms`` for more, up to ``max_batch_size`` rows, and runs them as one
   :func:`dgemma_struct.api.generate_batch` call (rows with the same ``max_new_tokens`` and seed share
@@ -59,12 +61,15 @@ class Batcher:
 
     def __init__(self, runtime: DiffusionRuntime, *, max_batch_size: int = 8, max_wait_ms: float = 10.0,
                  max_queue: int = 64, max_repairs: int = 2, queue_timeout_s: float | None = None,
-                 batching: str = "continuous"):
+                 batching: str = "continuous", mode_choice: str = "requested"):
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be >= 1")
         if batching not in ("continuous", "static"):
             raise ValueError(f"batching must be 'continuous' or 'static', got {batching!r}")
+        if mode_choice not in ("requested", "auto"):
+            raise ValueError(f"mode_choice must be 'requested' or 'auto', got {mode_choice!r}")
         self.batching = batching
+        self.mode = "auto" if mode_choice == "auto" else "diffusion"
         self.sched = ContinuousScheduler(runtime, max_rows=max_batch_size) if batching == "continuous" else None
         self.runtime = runtime
         self.max_batch_size = max_batch_size
@@ -290,7 +295,7 @@ class Batcher:
                 if job.logprobs is not None:
                     continue
                 try:
-                    sched.submit(row_request(self.runtime, job, self.max_repairs))
+                    sched.submit(row_request(self.runtime, job, self.max_repairs, mode=self.mode))
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except BaseException as err:  # noqa: BLE001 - a bad request fails alone
@@ -312,6 +317,7 @@ class Batcher:
             return
         self.counters["canvases"] = sched.counters["canvases"]
         self.counters["largest_batch"] = max(self.counters["largest_batch"], sched.counters["largest_batch"])
+        self.counters["scheduler"] = dict(sched.counters, mode_rates=sched.chooser.summary())
         for req, res in done:
             self._deliver(req.tag, res)
 

@@ -21,6 +21,7 @@ class ServerConfig:
     max_batch_size: int = 8               # rows running at once (continuous) / per batched loop (static)
     max_wait_ms: float = 10.0
     batching: str = "continuous"          # "continuous" (rows join and leave between canvases) or "static"
+    mode_choice: str = "requested"        # "requested" (diffusion) or "auto": diffusion or AR per batch, by load
     max_queue: int = 64
     request_timeout_s: float = 60.0
     max_body_bytes: int = 1_000_000

@@ -143,9 +143,10 @@ def stream_events(rt: DiffusionRuntime, job: Job, timeout: float) -> Iterator[An
         gen.close()
 
 
-def row_request(rt: DiffusionRuntime, job: Job, max_repairs: int) -> RowRequest:
+def row_request(rt: DiffusionRuntime, job: Job, max_repairs: int, *, mode: str = "diffusion") -> RowRequest:
     """``job`` as a row for the continuous scheduler (prompt encoded, constraint prepared, its run
-    deadline started); a streaming job's committed canvases become its events."""
+    deadline started; ``mode``: ``"diffusion"`` or ``"auto"``); a streaming job's committed
+    canvases become its events."""
     job.start()
     seed = job.seed if job.seed is not None else secrets.randbits(62)
     session = None
@@ -161,7 +162,7 @@ def row_request(rt: DiffusionRuntime, job: Job, max_repairs: int) -> RowRequest:
         temperature, top_p = session.opts.temperature, session.opts.top_p
     req = RowRequest(prompt_ids=list(ids), max_new_tokens=job.max_new_tokens, seed=seed, session=session,
                      temperature=temperature, top_p=top_p,
-                     stop=lambda: job.cancelled or time.monotonic() > job.deadline, tag=job)
+                     stop=lambda: job.cancelled or time.monotonic() > job.deadline, tag=job, mode=mode)
     if job.streaming:
         req.on_canvas = _canvas_events(rt, job, session)
     return req

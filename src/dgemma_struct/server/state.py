@@ -34,7 +34,8 @@ class ServerState:
         self.created = int(time.time())
         self.batcher = Batcher(runtime, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
                                max_queue=config.max_queue, max_repairs=config.max_repairs,
-                               queue_timeout_s=config.queue_timeout_s, batching=config.batching)
+                               queue_timeout_s=config.queue_timeout_s, batching=config.batching,
+                               mode_choice=config.mode_choice)
         self.compile_sem = asyncio.Semaphore(config.max_concurrent_compiles)
         # compiles never share an executor with anything else (prompts, generation)
         self.compile_executor = ThreadPoolExecutor(max_workers=config.max_concurrent_compiles,
