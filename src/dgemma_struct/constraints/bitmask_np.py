@@ -9,12 +9,14 @@ per row, token ``t`` allowed iff ``(row[t >> 5] >> (t & 31)) & 1``.
 [1]
 >>> np.flatnonzero(bitmask_to_bool(row[None], 40)[0]).tolist()
 [35]
+>>> bitmask_of([3, 35], 2).tolist()
+[8, 8]
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["bitmask_allows", "allowed_among", "bitmask_to_bool"]
+__all__ = ["bitmask_allows", "allowed_among", "bitmask_to_bool", "bitmask_of"]
 
 
 def bitmask_allows(row: np.ndarray, token: int) -> bool:
@@ -32,3 +34,11 @@ def bitmask_to_bool(rows: np.ndarray, vocab_size: int) -> np.ndarray:
     u8 = np.ascontiguousarray(rows).view(np.uint8)
     bits = np.unpackbits(u8, axis=-1, bitorder="little")
     return bits[..., :vocab_size].astype(bool)
+
+
+def bitmask_of(ids, n_words: int) -> np.ndarray:
+    """The int32 bitmask row (``n_words`` words) that allows exactly the token ``ids``."""
+    row = np.zeros(n_words, dtype=np.uint32)
+    for t in ids:
+        row[t >> 5] |= np.uint32(1 << (t & 31))
+    return row.view(np.int32)

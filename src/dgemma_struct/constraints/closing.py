@@ -11,8 +11,11 @@ commits. The JSON heuristics (string state, validation of a completion) live the
 the walker. :func:`greedy_fill` ends a canvas that stopped with open positions (masked argmax).
 
 The walker is used through its public state only: ``constraint``, ``frozen_tokens``,
-``eos_committed``, ``stop_token_ids``, ``vocab_size``, ``frozen_matcher()``, ``mask_of()`` and
-``allows_stop()``.
+``eos_committed``, ``stop_token_ids``, ``vocab_size``, ``frozen_cursor()`` (else ``frozen_matcher()``),
+``mask_of()`` and ``allows_stop()``. No matcher is copied per search node or per commit: a copy costs
+O(output length), so every search moves one borrowed matcher by rollback and consume
+(:class:`~.walker.MatcherCursor`), and the JSON string state of the frozen text is carried forward
+from commit to commit (:func:`~.closing_search.frozen_string_state`).
 
 >>> _json_string_state(b'{"a":"x', False, False)
 (True, False)
@@ -31,7 +34,7 @@ from dgemma_struct.errors import ConstraintEngineError
 from .bitmask_np import allowed_among, bitmask_to_bool
 from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS, _byte_representatives,  # noqa: F401
                              _json_string_state, _run_shape, _search_closing, _segment_punct, _stepwise_closing,
-                             allowed_closer)
+                             allowed_closer, frozen_cursor, frozen_string_state)
 from .safety import clip, engine_guard
 from .tokenizer import vocab_scan
 
@@ -144,10 +147,13 @@ def plan_still_closes(walker: Any, plan: list[int]) -> bool:
     if walker.eos_committed:
         return not plan
     with engine_guard("checking a closing plan"):
-        m = walker.frozen_matcher()
-        if m.validate_tokens(plan) != len(plan) or not m.consume_tokens(plan):
+        if any(t in walker.stop_token_ids for t in plan):  # validate_tokens() refuses them
             return False
-        return walker.allows_stop(walker.mask_of(m)) and _completion_valid(walker, plan)
+        with frozen_cursor(walker) as cur:
+            if not cur.advance(plan):
+                return False
+            closes = walker.allows_stop(walker.mask_of(cur.m))
+        return closes and _completion_valid(walker, plan)
 
 
 def _completion_valid(walker: Any, plan: list[int]) -> bool:
@@ -178,8 +184,16 @@ def _greedy_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
     if walker.eos_committed:
         return []
     tok = walker.constraint.tokenizer_info.lltok
-    in_str, esc = _json_string_state(tok.decode_bytes(walker.frozen_tokens), False, False)
-    m = walker.frozen_matcher()
+    in_str, esc = frozen_string_state(walker)
+    with frozen_cursor(walker) as cur:
+        return _greedy_closing_walk(walker, cur, tok, in_str, esc, quote_ids, bracket_ids, max_n, byte_ids,
+                                    byte_values)
+
+
+def _greedy_closing_walk(walker: Any, cur: Any, tok: Any, in_str: bool, esc: bool, quote_ids: np.ndarray,
+                         bracket_ids: np.ndarray, max_n: int, byte_ids: np.ndarray | None,
+                         byte_values: bytes) -> list[int] | None:
+    m = cur.m
     plan: list[int] = []
     while len(plan) <= max_n:
         row = walker.mask_of(m)
@@ -199,7 +213,7 @@ def _greedy_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
                     return None
                 pick = int(allowed[0])
             picks = [pick]
-        if not m.consume_tokens(picks):  # pragma: no cover - the picks were allowed
+        if not cur.advance(picks):  # pragma: no cover - the picks were allowed
             raise ConstraintEngineError(f"the matcher refused closing tokens it allowed: {clip(m.get_error())}")
         plan.extend(picks)
         in_str, esc = _json_string_state(tok.decode_bytes(picks), in_str, esc)
@@ -237,11 +251,19 @@ def _greedy_fill(walker: Any, logits_rows: Any, max_n: int, topk: int) -> list[i
     else:
         L = np.asarray(L, dtype=np.float32)
         top = np.argsort(-L, axis=-1, kind="stable")[:, :K]
-    m = walker.frozen_matcher()
+    with frozen_cursor(walker) as cur:
+        return _greedy_fill_walk(walker, cur, L, top, n, is_torch)
+
+
+def _greedy_fill_walk(walker: Any, cur: Any, L: Any, top: np.ndarray, n: int, is_torch: bool) -> list[int]:
+    m, V = cur.m, walker.vocab_size
     stops = frozenset(walker.stop_token_ids)
+    # while the fill follows the draft the last walks accepted, their mask rows are the fill's
+    path, rows = walker.cached_path() if hasattr(walker, "cached_path") else ([], [])
     out: list[int] = []
+    follow = True  # out == path[:i]
     for i in range(n):
-        row = walker.mask_of(m)
+        row = rows[i] if follow and i < len(rows) else walker.mask_of(m)
         cand = top[i].astype(np.int64)
         hit = allowed_among(row, cand)
         if hit.size:
@@ -259,9 +281,10 @@ def _greedy_fill(walker: Any, logits_rows: Any, max_n: int, topk: int) -> list[i
                 break
             pick = int(idx[np.argmax(li[idx])])  # an allowed id even when all its logits are -inf
         out.append(pick)
+        follow = follow and i < len(path) and path[i] == pick
         if pick in stops:
             break
-        if not m.consume_token(pick):  # pragma: no cover - pick was allowed
+        if not cur.advance([pick]):  # pragma: no cover - pick was allowed
             out.pop()
             break
     return out

@@ -11,11 +11,14 @@ b'1a'
 """
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
 from .bitmask_np import allowed_among, bitmask_to_bool
+from .cursor import MatcherCursor
 
 CLOSING_BEAM = 32  # distinct states kept per search level
 CLOSING_EXAMINE = 128  # children examined per search level
@@ -32,6 +35,42 @@ def _json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool
         elif ch == 0x22:  # quote
             in_str = not in_str
     return in_str, esc
+
+
+_STRING_STATE: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictionary()
+
+
+def frozen_string_state(walker: Any) -> tuple[bool, bool]:
+    """:func:`_json_string_state` of ``walker``'s frozen text, carried forward from the previous
+    call: only the tokens committed since are decoded (decoding the whole output on every commit
+    near the budget made closing O(n) per commit). The walker's ``frozen_tokens`` list only grows
+    in place; a rollback or reset replaces it, which starts the state afresh."""
+    toks = walker.frozen_tokens
+    try:
+        hit = _STRING_STATE.get(walker)
+    except TypeError:  # not weak-referenceable: no cache
+        hit = None
+    n, state = (hit[1], hit[2]) if hit is not None and hit[0] is toks and hit[1] <= len(toks) else (0, (False, False))
+    if n < len(toks):
+        state = _json_string_state(walker.constraint.tokenizer_info.lltok.decode_bytes(toks[n:]), *state)
+    try:
+        _STRING_STATE[walker] = (toks, len(toks), state)
+    except TypeError:
+        pass
+    return state
+
+
+@contextmanager
+def frozen_cursor(walker: Any) -> Iterator[MatcherCursor]:
+    """A :class:`~.cursor.MatcherCursor` at ``walker``'s frozen state: the walker's own matcher,
+    lent and rolled back (:meth:`~.walker.CanvasWalker.frozen_cursor`), or a copy for a walker
+    without that method."""
+    lend = getattr(walker, "frozen_cursor", None)
+    if lend is not None:
+        with lend() as cur:
+            yield cur
+    else:
+        yield MatcherCursor(walker.frozen_matcher(), frozenset(walker.stop_token_ids))
 
 
 _REP_ORDER = b"10aA"
@@ -90,9 +129,15 @@ def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
     quote_ids = np.asarray(quote_ids, dtype=np.int64)
     closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
     is_json = c.kind == "json"
-    in_str0 = _json_string_state(tok.decode_bytes(walker.frozen_tokens), False, False) if is_json else (False, False)
-    # a node: (matcher or None, parent matcher, plan, plan bytes); children are materialised lazily
-    level: list[tuple] = [(walker.frozen_matcher(), None, [], b"")]
+    in_str0 = frozen_string_state(walker) if is_json else (False, False)
+    with frozen_cursor(walker) as cur:
+        return _search_levels(walker, cur, tok, reps, quote_ids, closers, is_json, in_str0, max_n)
+
+
+def _search_levels(walker: Any, cur: MatcherCursor, tok: Any, reps: np.ndarray, quote_ids: np.ndarray,
+                   closers: np.ndarray, is_json: bool, in_str0: tuple[bool, bool], max_n: int) -> list[list[int]]:
+    # a node: (plan, plan bytes); the one matcher is moved to each node (rollback + consume, no copy)
+    level: list[tuple] = [([], b"")]
     found: list[list[int]] = []
     stop_depth = None
     for depth in range(max_n + 1):
@@ -100,17 +145,16 @@ def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
         seen_masks: set[bytes] = set()
         seen_bytes: set[bytes] = set()
         examined = 0
-        for m, parent, plan, pb in level:
+        for plan, pb in level:
             if examined >= CLOSING_EXAMINE or len(seen_masks) >= CLOSING_BEAM:
                 break
             if pb in seen_bytes:
                 continue
             seen_bytes.add(pb)
             examined += 1
-            if m is None:
-                m = parent.deep_copy()
-                if not m.consume_token(plan[-1]):
-                    continue
+            if not cur.goto(plan):
+                continue
+            m = cur.m
             row = walker.mask_of(m)
             if walker.allows_stop(row):
                 found.append(plan)
@@ -129,15 +173,15 @@ def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
                 continue
             ff = list(m.compute_ff_tokens())[: max_n - len(plan)]
             if ff:
-                if m.consume_tokens(ff):
-                    groups.append([(m, None, plan + ff, pb + tok.decode_bytes(ff))])
+                if cur.advance(ff):
+                    groups.append([(plan + ff, pb + tok.decode_bytes(ff))])
                 continue
             ids = quote_ids if in_str[0] else closers
             cand = [int(ids[k]) for k in allowed_among(row, ids)[:3]]
             ok = allowed_among(row, reps)
             # bytes the plan has used least first: writing '-' forever never closes anything
             cand += sorted((int(reps[k]) for k in ok), key=lambda t: pb.count(tok.decode_bytes([t])))
-            groups.append([(None, m, plan + [t], pb + tok.decode_bytes([t])) for t in dict.fromkeys(cand)])
+            groups.append([(plan + [t], pb + tok.decode_bytes([t])) for t in dict.fromkeys(cand)])
         if stop_depth is not None and depth >= stop_depth + CLOSING_EXTRA_LEVELS:
             break
         # interleaved: the first child of every state, then the second ..., so no state fills the level
@@ -149,7 +193,7 @@ def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
 
 
 
-LOCAL_NODES = 4000  # children created by one local search at most (each: a matcher copy and a mask)
+LOCAL_NODES = 4000  # children created by one local search at most (each: a cursor move and a mask)
 
 
 def _class_candidates(row: np.ndarray, reps: np.ndarray, byte_ids: np.ndarray, byte_values: bytes) -> list[int]:
@@ -170,29 +214,31 @@ def _class_candidates(row: np.ndarray, reps: np.ndarray, byte_ids: np.ndarray, b
     return out
 
 
-def _local_search(walker: Any, m0: Any, in_str0: tuple[bool, bool], limit: int, closers: np.ndarray,
+def _local_search(walker: Any, cur: MatcherCursor, in_str0: tuple[bool, bool], limit: int, closers: np.ndarray,
                   quote_ids: np.ndarray, reps: np.ndarray, byte_ids: np.ndarray, byte_values: bytes) -> list[int] | None:
-    """The shortest run of candidate tokens (at most ``limit``) from matcher ``m0`` after which a
+    """The shortest run of candidate tokens (at most ``limit``) from the cursor's state after which a
     stop token or a closer is allowed; None if none is found
     within :data:`LOCAL_NODES` children. Children whose mask, punctuation used, trailing run shape
-    and string state are equal are taken as one state."""
+    and string state are equal are taken as one state. The cursor is left anywhere: its caller
+    moves it on with ``goto``."""
     tok = walker.constraint.tokenizer_info.lltok
     is_json = walker.constraint.kind == "json"
-    row0 = walker.mask_of(m0).copy()
-    level = [(m0, row0, [], b"")]
+    base = list(cur.plan)
+    row0 = walker.mask_of(cur.m).copy()
+    level = [(row0, [], b"")]
     seen: set = set()
     made = 0
     for _ in range(limit):
         nxt = []
-        for m, row, path, pb in level:
+        for row, path, pb in level:
             cand = _class_candidates(row, reps, byte_ids, byte_values)
             if not cand:  # nothing among the candidates: the lowest allowed id
                 allowed = np.flatnonzero(bitmask_to_bool(row[None, :], walker.vocab_size)[0])
                 cand = [int(allowed[0])] if allowed.size else []
             for t in cand:
-                c = m.deep_copy()
-                if not c.consume_token(t):
+                if not cur.goto(base + path + [t]):
                     continue
+                c = cur.m
                 made += 1
                 b = pb + tok.decode_bytes([t])
                 crow = walker.mask_of(c).copy()
@@ -204,7 +250,7 @@ def _local_search(walker: Any, m0: Any, in_str0: tuple[bool, bool], limit: int, 
                 key = (crow.tobytes(), _segment_punct(b), _run_shape(b), in_str)
                 if key not in seen and not c.is_stopped():
                     seen.add(key)
-                    nxt.append((c, crow, path + [t], b))
+                    nxt.append((crow, path + [t], b))
                 if made >= LOCAL_NODES:
                     return None
         level = nxt
@@ -237,8 +283,16 @@ def _stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarra
     reps = _byte_representatives(byte_ids, byte_values, c.grammar)
     quote_ids = np.asarray(quote_ids, dtype=np.int64)
     closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
-    state = _json_string_state(tok.decode_bytes(walker.frozen_tokens), False, False) if is_json else (False, False)
-    m = walker.frozen_matcher()
+    state = frozen_string_state(walker) if is_json else (False, False)
+    with frozen_cursor(walker) as cur:
+        return _stepwise_walk(walker, cur, tok, is_json, state, quote_ids, bracket_ids, closers, reps, max_n,
+                              byte_ids, byte_values)
+
+
+def _stepwise_walk(walker: Any, cur: MatcherCursor, tok: Any, is_json: bool, state: tuple[bool, bool],
+                   quote_ids: np.ndarray, bracket_ids: np.ndarray, closers: np.ndarray, reps: np.ndarray, max_n: int,
+                   byte_ids: np.ndarray, byte_values: bytes) -> list[int] | None:
+    m = cur.m
     plan: list[int] = []
     while len(plan) <= max_n:
         row = walker.mask_of(m)
@@ -251,11 +305,11 @@ def _stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarra
             closer = allowed_closer(row, state[0], quote_ids, bracket_ids)
             picks = [closer] if closer is not None else []
         if not picks:
-            picks = _local_search(walker, m, state, max_n - len(plan), closers, quote_ids, reps, byte_ids,
+            picks = _local_search(walker, cur, state, max_n - len(plan), closers, quote_ids, reps, byte_ids,
                                   byte_values) or []
             if not picks:
                 return None
-        if not m.consume_tokens(picks):  # pragma: no cover - the picks were allowed
+        if not cur.goto(plan + picks):  # pragma: no cover - the picks were allowed
             return None
         plan.extend(picks)
         if is_json:

@@ -15,18 +15,22 @@ tokens its own mask allowed, or an **all-zero mask row** (no token at all allowe
 a lexer limit hit deep in a huge schema) raise :class:`~dgemma_struct.errors.ConstraintEngineError`
 from :meth:`CanvasWalker.walk` / :meth:`CanvasWalker.commit` -- a walk never returns a row without an
 allowed token, so no caller ever samples from an empty mask (NaN).
+No matcher is copied per step (a copy is O(output length); they move by rollback, :mod:`.cursor`),
+and the cache survives a walk of a prefix of its path and a commit of the path's leading tokens.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, NamedTuple, Protocol, Sequence
 
 import llguidance as llg
 import numpy as np
 
 from dgemma_struct.errors import ConstraintEngineError, ConstraintError, ConstraintLimitError
 
-from .bitmask_np import allowed_among, bitmask_allows, bitmask_to_bool
+from .bitmask_np import allowed_among, bitmask_allows, bitmask_of, bitmask_to_bool
 from .closing import greedy_fill
+from .cursor import MatcherCursor, common_prefix, move_matcher
 from .safety import clip, engine_guard, guarded, is_limit_error
 
 __all__ = ["CanvasWalker", "WalkResult", "MatcherSource", "bitmask_allows", "bitmask_to_bool", "allowed_among"]
@@ -76,30 +80,29 @@ class CanvasWalker:
         self.stop_token_ids = tuple(info.stop_token_ids)
         self._stops = frozenset(self.stop_token_ids)
         self._eos = self.stop_token_ids[0]
-        self._stop_row = np.zeros(W, dtype=np.int32)
-        self._stop_row_u = self._stop_row.view(np.uint32)
-        for t in self.stop_token_ids:
-            self._stop_row_u[t >> 5] |= np.uint32(1 << (t & 31))
-        self._and_row: np.ndarray | None = None
+        self._stop_row = bitmask_of(self.stop_token_ids, W)
+        self._and_row: np.ndarray | None = None  # forbidden special tokens removed from every row
         if constraint.may_allow_specials and info.forbidden_token_ids:
-            allow = np.full(W, -1, dtype=np.int32)
-            au = allow.view(np.uint32)
-            for t in info.forbidden_token_ids:
-                if t < V:
-                    au[t >> 5] &= np.uint32(~(1 << (t & 31)) & 0xFFFFFFFF)
-            self._and_row = allow
+            self._and_row = ~bitmask_of([t for t in info.forbidden_token_ids if t < V], W)
         self._exec = llg.LLExecutor(1)
         self._buf = np.zeros((self._INIT_ROWS, W), dtype=np.int32)
         self._scratch = np.zeros((1, W), dtype=np.int32)
         self._frozen = constraint.new_matcher()
         self.frozen_tokens: list[int] = []
         self._frozen_eos = False
+        self._work: Any = None  # the draft matcher (see _reset_work), its cached path
+        self._path, self._path_eos = [], False
         self._reset_work()
 
     # -- state ------------------------------------------------------------------------------
-    def _reset_work(self) -> None:
-        self._work = self._frozen.deep_copy()
-        self._path: list[int] = []  # draft tokens past the frontier represented by the cache
+    def _reset_work(self, committed: Sequence[int] = ()) -> None:
+        """Drop the walk cache; the draft matcher goes to the frozen state (``committed``: the tokens
+        just committed, no stop) by rollback and consume, by a copy if missing or in error."""
+        w, path = self._work, self._path
+        if w is None or not move_matcher(w, path[:len(path) - (1 if self._path_eos else 0)], committed):
+            w = self._frozen.deep_copy()
+        self._work = w  # the matcher after frozen + the cached path (its stop token excluded)
+        self._path = []  # draft tokens past the frontier represented by the cache
         self._path_eos = False  # path ends with an accepted stop token (not consumed by _work)
         self._base = 0  # buffer row of the frontier
         self._nrows = 0  # number of valid cached rows starting at _base
@@ -128,8 +131,27 @@ class CanvasWalker:
         return self._frozen_eos
 
     def frozen_matcher(self) -> Any:
-        """A copy of the matcher after the frozen prefix (the caller may advance it)."""
+        """A copy of the matcher after the frozen prefix (the caller may advance it). A copy costs
+        O(output length): for a search from the frozen state prefer :meth:`frozen_cursor`."""
         return self._frozen.deep_copy()
+
+    @contextmanager
+    def frozen_cursor(self) -> Iterator[MatcherCursor]:
+        """The frozen matcher lent as a :class:`~.cursor.MatcherCursor` (no copy), rolled back when
+        the block ends. Inside it, use only ``mask_of`` / ``allows_stop`` and read-only attributes."""
+        cur = MatcherCursor(self._frozen, self._stops)
+        try:
+            yield cur
+        finally:
+            if not cur.restore():
+                self._rebuild(self.frozen_tokens)
+
+    def cached_path(self) -> tuple[list[int], np.ndarray]:
+        """``(path, rows)``: the draft tokens past the frontier that the last walks accepted (no stop
+        token) and their cached mask rows, ``rows[i]`` the allowed set after ``path[:i]`` (read-only,
+        valid until the next call on the walker): a fill that follows the draft reuses them."""
+        n = -1 if self._frozen_eos or not self._nrows else min(len(self._path) - self._path_eos, self._nrows - 1)
+        return self._path[:max(n, 0)], (self._view(n) if n >= 0 else self._buf[:0])
 
     def mask_of(self, matcher: Any) -> np.ndarray:
         """The allowed-token bitmask row of ``matcher``'s state (forbidden specials removed): the
@@ -190,8 +212,8 @@ class CanvasWalker:
             raise ConstraintEngineError(f"the matcher refused tokens it had validated: {clip(err)}")
         self.frozen_tokens.extend(toks)
         if cut is not None:
-            self._frozen_eos = True
-            self._reset_work()
+            # no draft matcher after EOS (a rollback or reset builds one)
+            self._frozen_eos, self._work, self._path, self._path_eos, self._nrows = True, None, [], False, 0
             return
         L = len(toks)
         if self._path[:L] == toks and self._nrows > L:
@@ -199,7 +221,7 @@ class CanvasWalker:
             self._base += L
             self._nrows -= L
         else:
-            self._reset_work()
+            self._reset_work(toks)
 
     def _rebuild(self, tokens: list[int]) -> None:
         m = self.constraint.new_matcher()
@@ -208,6 +230,7 @@ class CanvasWalker:
         self._frozen = m
         self.frozen_tokens = list(tokens)
         self._frozen_eos = bool(tokens) and tokens[-1] in self._stops
+        self._work = None
         self._reset_work()
 
     @guarded("rolling back")
@@ -260,10 +283,7 @@ class CanvasWalker:
         draft = list(draft)
         V = self.vocab_size
         # tokens outside the vocabulary can never be valid: truncate there
-        for i, t in enumerate(draft):
-            if t < 0 or t >= V:
-                draft = draft[:i]
-                break
+        draft = draft[:next((i for i, t in enumerate(draft) if t < 0 or t >= V), len(draft))]
         self._ensure_rows(len(draft) + 1)
         buf = self._buf
         base = self._base
@@ -275,10 +295,11 @@ class CanvasWalker:
 
         # longest common prefix with the cached path
         path = self._path
-        p = 0
-        lim = min(len(path), len(draft))
-        while p < lim and path[p] == draft[p]:
-            p += 1
+        p = common_prefix(path, draft)
+        if p < len(path) and p == len(draft):
+            # the draft is a prefix of the cached path (the guide's walk of the accepted run): all its
+            # rows are cached; the path stays whole for the next commit and the next draft walk
+            return WalkResult(p, self._view(p), False, bool((buf[base + p] & self._stop_row).any()))
         if p < len(path):
             consumed = len(path) - (1 if self._path_eos else 0)
             if p < consumed:
@@ -292,6 +313,8 @@ class CanvasWalker:
         if self._work.is_error():
             raise self._engine_fault(f"the matcher is in its error state at position {self.frontier + p}")
         rest = draft[p:]
+        if rest and self._nrows > p and not (int(buf[base + p, rest[0] >> 5]) >> (rest[0] & 31)) & 1:
+            rest = []  # the cached row already refuses the next token (a draft tail that did not change)
         if rest:
             # one native call: row p (mask before rest[0]) and one row after each valid token
             self._exec.unsafe_compute_mask_ptr_with_draft_token(
@@ -310,12 +333,9 @@ class CanvasWalker:
             bits = (rows[np.arange(k), t >> 5].astype(np.int64) >> (t & 31)) & 1
             bad = np.flatnonzero(bits == 0)
             n_ok = int(bad[0]) if bad.size else k
-            if n_ok and self._stops:
-                for j in range(n_ok):
-                    if rest[j] in self._stops:
-                        n_ok = j + 1
-                        stopped = True
-                        break
+            j = next((j for j in range(n_ok) if rest[j] in self._stops), None)
+            if j is not None:
+                n_ok, stopped = j + 1, True
         n_valid = p + n_ok
         # every row this call computed must allow something: an empty row is an engine fault / dead end
         last = n_valid - 1 if stopped else n_valid
@@ -343,8 +363,7 @@ class CanvasWalker:
         return WalkResult(n_valid, self._view(n_valid), stopped, accepting)
 
     def _view(self, n_valid: int) -> np.ndarray:
-        v = self._buf[self._base: self._base + n_valid + 1]
-        v = v.view()
+        v = self._buf[self._base: self._base + n_valid + 1].view()
         v.flags.writeable = False
         return v
 
@@ -358,14 +377,19 @@ class CanvasWalker:
         tokens, ending with EOS when EOS becomes the only allowed token."""
         if max_n <= 0 or self._frozen_eos:
             return []
-        m = self._frozen.deep_copy()
+        m = self._frozen
         out: list[int] = []
         if not m.is_stopped():
             out = list(m.compute_ff_tokens())[:max_n]
-            if out and not m.consume_tokens(out):  # pragma: no cover
-                return []
         if len(out) < max_n:
-            row = self.mask_of(m)
+            k = len(out)
+            if 0 < k <= len(self._path) - self._path_eos and self._path[:k] == out:
+                row = self._buf[self._base + k]  # the cached draft walk went through the forced tokens
+            else:
+                with self.frozen_cursor() as cur:  # probe past them, rolled back after (no copy)
+                    if not cur.advance(out):  # pragma: no cover - the engine forced them
+                        return []
+                    row = self.mask_of(cur.m)
             if (row & self._stop_row).any() and not (row & ~self._stop_row).any():
                 out.append(self._eos)
         return out
