@@ -44,7 +44,6 @@ from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.options import check_deadline
 from dgemma_struct.guide import ConstraintGuide
 from dgemma_struct.mode_choice import ModeChooser
-from dgemma_struct.results import GenerationResult, GenerationStats
 from dgemma_struct.rows import RowState
 
 if TYPE_CHECKING:
@@ -270,8 +269,7 @@ class ContinuousScheduler:
                 if r is None or r.on_canvas is None:
                     continue
                 r.tokens.extend(tokens[pos].tolist())
-                kept, _ = self.rt._split(r.tokens, r.max_new_tokens)
-                r.on_canvas(kept)
+                self._emit(r, r.tokens)
         return on_canvas
 
     def _ar_events(self, b: _Batch) -> None:
@@ -279,24 +277,22 @@ class ContinuousScheduler:
         for rid, gen in zip(b.canvas.row_ids, b.canvas.generated):
             r = b.rows.get(rid)
             if r is not None and r.on_canvas is not None:
-                kept, _ = self.rt._split(gen, r.max_new_tokens)
-                r.on_canvas(kept)
+                self._emit(r, gen)
+
+    def _emit(self, r: RowRequest, tokens: list[int]) -> None:
+        """``r.on_canvas`` with its tokens so far, cut as its result will be (:meth:`row_result`)."""
+        kept, _ = self.rt._split(tokens, r.max_new_tokens)
+        r.on_canvas(kept)
 
     # ------------------------------------------------------------------ 3. results
     def _finish(self, b: _Batch, row: FinishedRow) -> tuple[RowRequest, Any] | None:
         """The row's result, or ``None`` when it goes on as a repair row."""
         req = b.rows.pop(row.id)
         self.counters["finished"] += 1
-        rt = self.rt
-        token_ids, reason = rt._split(row.tokens, req.max_new_tokens)
-        non_pad = int((row.tokens != rt.pad_token_id).sum()) if rt.pad_token_id is not None else len(row.tokens)
         t0 = req.admitted if req.admitted is not None else time.perf_counter()
         wall = time.perf_counter() - t0
-        stats = GenerationStats(mode=b.mode, forward_passes=row.passes, generated_tokens=len(token_ids),
-                                tokens_per_forward=non_pad / row.passes if row.passes else 0.0,
-                                canvases=row.tokens.shape[0] // self.L, wall_s=wall, other_s=wall,
-                                finish_reason=reason, seed=req.seed)
-        res = GenerationResult(text=rt.decode(token_ids), token_ids=token_ids, stats=stats)
+        res = self.rt.row_result(row.tokens, row.passes, req.max_new_tokens, mode=b.mode,
+                                 canvases=row.tokens.shape[0] // self.L, wall_s=wall, other_s=wall, seed=req.seed)
         if req.session is None:
             if req.stop is not None and req.stop():
                 return req, GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")

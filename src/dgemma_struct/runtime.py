@@ -245,21 +245,25 @@ class DiffusionRuntime:
         results = []
         new = out.sequences[:, ids.shape[1]:]
         for b in range(len(encoded)):
-            non_pad = int((new[b] != self.pad_token_id).sum()) if self.pad_token_id is not None else new.shape[1]
-            passes = int(out.forward_passes[b])
-            token_ids, reason = self._split(new[b], max_new_tokens)
-            stats = GenerationStats(
-                mode=mode, forward_passes=passes, generated_tokens=len(token_ids),
-                tokens_per_forward=(non_pad / passes) if passes else 0.0, canvases=out.canvases,
-                denoising_steps=out.steps, wall_s=wall, model_s=out.model_s, other_s=max(0.0, wall - out.model_s),
-                mask_s=out.hook_s, finish_reason=reason, seed=row_seeds[b])
-            lp = None
+            res = self.row_result(new[b], int(out.forward_passes[b]), max_new_tokens, mode=mode,
+                                  canvases=out.canvases, denoising_steps=out.steps, wall_s=wall, model_s=out.model_s,
+                                  other_s=max(0.0, wall - out.model_s), mask_s=out.hook_s, seed=row_seeds[b])
             if recorder is not None:
-                lp = named(kept_entries(recorder.rows[b], new[b].tolist(), self.pad_token_id, len(token_ids)),
-                           self.tokenizer)
-            results.append(GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=stats,
-                                            logprobs=lp))
+                res.logprobs = named(kept_entries(recorder.rows[b], new[b].tolist(), self.pad_token_id,
+                                                  len(res.token_ids)), self.tokenizer)
+            results.append(res)
         return results
+
+    def row_result(self, row: torch.Tensor, passes: int, max_new_tokens: int, **stats: Any) -> GenerationResult:
+        """One row's result from its generated columns (pad after a stop token): the ids before the
+        stop token, at most ``max_new_tokens`` (:meth:`_split`), and ``tokens_per_forward`` as
+        transformers counts it (non-pad tokens / decoder passes). ``stats``: the other
+        :class:`GenerationStats` fields."""
+        token_ids, reason = self._split(row, max_new_tokens)
+        non_pad = int((row != self.pad_token_id).sum()) if self.pad_token_id is not None else row.shape[0]
+        s = GenerationStats(forward_passes=passes, generated_tokens=len(token_ids),
+                            tokens_per_forward=non_pad / passes if passes else 0.0, finish_reason=reason, **stats)
+        return GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=s)
 
     def stream(self, prompt: Prompt | None = None, *, prompt_ids: Sequence[int] | None = None,
                max_new_tokens: int = 128, seed: int | Sequence[int] | None = None, drafts: bool = False,
