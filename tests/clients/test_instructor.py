@@ -1,10 +1,8 @@
 """instructor against a real uvicorn on 127.0.0.1, and the request bodies instructor sends.
 
-instructor itself cannot be installed with this project's lock today: every instructor release
-requires ``jiter<0.15`` (constraints.txt pins ``jiter==0.19.0``, openai's), and 1.17.0 also
-``rich<15`` (pinned ``rich==15.0.0``). The tests that import it skip until the lock admits it. The
-wire-shape tests below send exactly what instructor sends, with the openai SDK, so the server side
-is covered now:
+instructor itself (``Mode.TOOLS``, ``Mode.TOOLS_STRICT``, ``Mode.JSON_SCHEMA`` and its ``create_partial``
+stream, ``Mode.JSON``) runs against the server; it needs ``jiter<0.15``, which is why the lock pins openai
+3.3.0. The wire-shape tests send exactly what instructor sends, with the openai SDK (``n=2`` too):
 
 * instructor >= 1.4 ``Mode.JSON_SCHEMA``: ``response_format={"type": "json_schema", "json_schema":
   {"name": Model.__name__, "schema": Model.model_json_schema()}}``;
@@ -65,8 +63,9 @@ def test_instructor_json_mode_wire_shape_is_a_json_object(oai, model_id):
 # ------------------------------------------------------------------ instructor itself
 @pytest.fixture(scope="module")
 def instructor_mod():
-    return pytest.importorskip("instructor", reason="instructor is not installable with constraints.txt "
-                               "(jiter<0.15 vs jiter==0.19.0; rich<15 vs rich==15.0.0)")
+    import instructor
+
+    return instructor
 
 
 def _client(instructor_mod, server_url, mode):
@@ -93,3 +92,40 @@ def test_instructor_mode_json(instructor_mod, server_url, model_id):
     person = client.chat.completions.create(model=model_id, response_model=Person, messages=_messages(),
                                             max_tokens=64, max_retries=0, seed=0)
     assert isinstance(person, Person)
+
+
+def _tool_person(instructor_mod, server_url, model_id, mode):
+    client = _client(instructor_mod, server_url, mode)
+    person, completion = client.chat.completions.create_with_completion(
+        model=model_id, response_model=Person, messages=_messages(), max_tokens=64, max_retries=0, seed=0)
+    return person, completion
+
+
+def test_instructor_mode_tools(instructor_mod, server_url, model_id):
+    # Mode.TOOLS: tools=[Person as a function] with tool_choice naming it; instructor parses the call's
+    # JSON-string arguments with pydantic (age bounds and the Literal come from the tool-call grammar)
+    person, completion = _tool_person(instructor_mod, server_url, model_id, instructor_mod.Mode.TOOLS)
+    assert isinstance(person, Person)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [c.function.name for c in choice.message.tool_calls] == ["Person"]
+    Person.model_validate_json(choice.message.tool_calls[0].function.arguments)
+
+
+def test_instructor_mode_tools_strict(instructor_mod, server_url, model_id):
+    # Mode.TOOLS_STRICT sends "strict": true and an additionalProperties: false schema
+    person, completion = _tool_person(instructor_mod, server_url, model_id, instructor_mod.Mode.TOOLS_STRICT)
+    assert isinstance(person, Person)
+    assert completion.choices[0].finish_reason == "tool_calls"
+    args = completion.choices[0].message.tool_calls[0].function.arguments
+    assert set(Person.model_validate_json(args).model_dump()) == set(json.loads(args))
+
+
+def test_instructor_partial_stream_json_schema(instructor_mod, server_url, model_id):
+    # create_partial streams: every yielded object is a partial Person built from a valid JSON prefix; the
+    # last one is the whole, validated answer
+    client = _client(instructor_mod, server_url, instructor_mod.Mode.JSON_SCHEMA)
+    parts = list(client.chat.completions.create_partial(
+        model=model_id, response_model=Person, messages=_messages(), max_tokens=64, max_retries=0, seed=0))
+    assert parts
+    Person.model_validate(parts[-1].model_dump())

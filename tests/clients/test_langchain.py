@@ -42,13 +42,12 @@ class GetTime(BaseModel):
     timezone: Literal["UTC", "CET", "PST"]
 
 
-# Person has no numeric bounds: the tool-call grammar does not express minimum/maximum (docs/tools.md,
-# "Guarantees"), repair has to, and the random model fails it. Report goes through response_format, whose
-# JSON grammar does enforce its bounds.
+# The tool-call grammar enforces Person's age bounds (docs/tools.md, "Guarantees"); Report goes through
+# response_format, whose JSON grammar enforces its bounds.
 class Person(BaseModel):
     """A person."""
     name: str = Field(max_length=24)
-    age: int
+    age: int = Field(ge=0, le=150)
     role: Literal["engineer", "manager", "artist"]
 
 
