@@ -267,7 +267,9 @@ async def health(client, base: str) -> dict:
 
 def health_delta(h0: dict, h1: dict) -> dict:
     """The numeric /health counters' change over a level (batches, rows, ...: whatever the server
-    reports), plus rows per batch when both are there."""
+    reports; the scheduler's nested counters as ``scheduler.NAME``), plus rows per batch when both are there."""
+    h0 = {**h0, **{f"scheduler.{k}": v for k, v in (h0.get("scheduler") or {}).items()}}
+    h1 = {**h1, **{f"scheduler.{k}": v for k, v in (h1.get("scheduler") or {}).items()}}
     d = {k: h1[k] - h0[k] for k in h1 if isinstance(h1.get(k), (int, float)) and isinstance(h0.get(k), (int, float))
          and not isinstance(h1[k], bool)}
     if d.get("batches"):
@@ -358,7 +360,9 @@ def pool(runs: list[dict], key: str) -> list[dict]:
              "req_per_s_rounds": [lv["req_per_s"] for lv in lvs],
              "latency_p50_s": percentile(lat, 50), "latency_p90_s": percentile(lat, 90),
              "latency_p99_s": percentile(lat, 99), "repairs_per_req": sum(lv["repairs"] for lv in lvs) / max(valid, 1),
-             "rows_per_batch": [lv["health_delta"].get("rows_per_batch") for lv in lvs]}
+             "rows_per_batch": [lv["health_delta"].get("rows_per_batch") for lv in lvs],
+             "rows_ar": sum(lv["health_delta"].get("scheduler.rows_ar", 0) for lv in lvs),
+             "rows_diffusion": sum(lv["health_delta"].get("scheduler.rows_diffusion", 0) for lv in lvs)}
         if key == "stream_levels":
             ttfc = [x for lv in lvs for x in lv["ttfc"]]
             p.update({"ttfc_p50_s": percentile(ttfc, 50), "ttfc_p90_s": percentile(ttfc, 90),
@@ -389,6 +393,16 @@ def targets(summary: dict) -> dict:
             if top in lv_old:
                 t["req_per_s_new_over_old"] = ratio(lv_new[top]["req_per_s"], lv_old[top]["req_per_s"])
                 t["p99_new_over_old"] = ratio(lv_new[top]["latency_p99_s"], lv_old[top]["latency_p99_s"])
+    for label, s in summary.items():
+        if label in ("old", "new") or old is None or top is None:
+            continue
+        lv_arm = {lv["clients"]: lv for lv in s["levels"]}
+        lv_old = {lv["clients"]: lv for lv in old["levels"]}
+        if top in lv_arm and top in lv_old:
+            t[f"{label}_req_per_s_over_old"] = ratio(lv_arm[top]["req_per_s"], lv_old[top]["req_per_s"])
+            t[f"{label}_p99_over_old"] = ratio(lv_arm[top]["latency_p99_s"], lv_old[top]["latency_p99_s"])
+            t[f"{label}_errors"] = sum(lv["errors"] for lv in s["levels"] + s["stream_levels"])
+            t[f"{label}_invalid"] = sum(lv["invalid"] for lv in s["levels"] + s["stream_levels"])
     for label, s in summary.items():
         st = {lv["clients"]: lv for lv in s["stream_levels"]}
         if 1 in st and len(st) > 1:
@@ -431,6 +445,11 @@ def markdown(result: dict) -> str:
                     f" {lv['req_per_s']:.2f} | {num(lv['latency_p50_s'])} | {num(lv['latency_p99_s'])} | "
                     f"{lv['errors']}/{lv['invalid']} | n/a |")
         L.append(row)
+    for lab in labels:
+        mix = [(lv["clients"], lv.get("rows_ar", 0), lv.get("rows_diffusion", 0)) for lv in summary[lab]["levels"]]
+        if any(ar for _, ar, _ in mix):
+            L += ["", f"{lab}: rows run in AR mode / all rows, per level (the scheduler's counters): "
+                  + ", ".join(f"C={c}: {ar}/{ar + df}" for c, ar, df in mix)]
     L += ["", "## Streaming (`stream: true`)", "",
           "| C | " + " | ".join(f"{lab} TTFC p50 s | {lab} TTFC p90 s | {lab} total p50 s | {lab} req/s | "
                                f"{lab} err/invalid" for lab in labels) + " |",
@@ -451,6 +470,11 @@ def markdown(result: dict) -> str:
                  f"new/old p99 = **{num(t['p99_new_over_old'], 2)}×** (target ≤ 0.33×)")
     if "new_errors" in t:
         L.append(f"- new: {t['new_errors']} errors, {t['new_invalid']} invalid (target 0 / 0)")
+    for lab in labels:
+        if f"{lab}_req_per_s_over_old" in t:
+            L.append(f"- {lab}, C={t['clients']}: {lab}/old req/s = **{num(t[f'{lab}_req_per_s_over_old'], 2)}×** "
+                     f"(target ≥ 3×); {lab}/old p99 = **{num(t[f'{lab}_p99_over_old'], 2)}×** (target ≤ 0.33×); "
+                     f"{t[f'{lab}_errors']} errors, {t[f'{lab}_invalid']} invalid")
     for lab in labels:
         for k, v in t.items():
             if k.startswith(f"{lab}_ttfc_"):
@@ -482,7 +506,7 @@ def plot(result: dict, path: Path) -> bool:
         return False
     summary = result["summary"]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    colors = {"old": "tab:gray", "new": "tab:green"}
+    colors = {"old": "tab:gray", "new": "tab:green", "new-auto": "tab:blue"}
     for lab, s in summary.items():
         cs = [lv["clients"] for lv in s["levels"]]
         axes[0].plot(cs, [lv["req_per_s"] for lv in s["levels"]], marker="o", color=colors.get(lab), label=lab)
@@ -520,13 +544,17 @@ def plot(result: dict, path: Path) -> bool:
 
 async def amain(a: argparse.Namespace) -> None:
     trees = ([("old", tree_root(a.old_src))] if a.old_src else []) + [("new", tree_root(a.new_src))]
+    # --arm LABEL=ARGS: the new tree again, with other serve arguments (e.g. new-auto="--mode-choice auto")
+    arms = dict(x.split("=", 1) for x in a.arm)
+    trees += [(label, tree_root(a.new_src)) for label in arms]
     # prompts and schemas: the held-out corpus of the new tree (the client side of both arms)
     pin_tree(trees[-1][1])
     corpus = held_out(a.corpus_n)
     check = schema_checker()
     common = shlex.split(a.server_args)
     extra = {"old": shlex.split(a.old_server_args) if a.old_server_args is not None else common,
-             "new": shlex.split(a.new_server_args) if a.new_server_args is not None else common}
+             "new": shlex.split(a.new_server_args) if a.new_server_args is not None else common,
+             **{label: shlex.split(args) for label, args in arms.items()}}
     logdir = Path(tempfile.mkdtemp(prefix="server_load_"))
     t_start = time.perf_counter()
     order: list[tuple[str, Path]] = []
@@ -585,6 +613,8 @@ def main() -> None:
     ap.add_argument("--server-args", default="", help="extra 'dgemma-struct serve' arguments for both trees")
     ap.add_argument("--old-server-args", default=None, help="extra serve arguments for the old tree only")
     ap.add_argument("--new-server-args", default=None, help="extra serve arguments for the new tree only")
+    ap.add_argument("--arm", action="append", default=[], metavar="LABEL=ARGS",
+                    help="one more arm: this tree served with ARGS (repeatable), e.g. new-auto='--mode-choice auto'")
     ap.add_argument("--old-src", default=None, help="an older tree (its src/ or root) to run side by side")
     ap.add_argument("--new-src", default=str(ROOT / "src"), help="the tree measured as 'new' (default: this checkout)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "server_load"),

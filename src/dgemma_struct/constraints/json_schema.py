@@ -143,7 +143,18 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
 
 
 #: the keywords :func:`_grammar_copy` may rewrite
-_REWRITTEN = frozenset(("minProperties", "exclusiveMinimum", "exclusiveMaximum", "items", "dependencies", "multipleOf"))
+_REWRITTEN = frozenset(("minProperties", "exclusiveMinimum", "exclusiveMaximum", "items", "dependencies", "multipleOf",
+                        "format"))
+
+# The grammar copy's ``format: email``: llguidance's email regex has no length limits, so a model that
+# rambles in the local part writes grammar-valid addresses that the RFC 5321 check (local part <= 64
+# octets) rejects, and repairs repeat it. This dot-atom form is a subset of what :func:`_is_email` accepts:
+# local part <= 32 + 2 * 16 = 64, domain labels <= 31 without "--", at most 5 labels, a letter-led top
+# label.
+_EMAIL_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
+_EMAIL_LABEL = r"[A-Za-z0-9](?:-?[A-Za-z0-9]){0,15}"  # no "--": "ab--c" reads as an IDNA label
+EMAIL_GRAMMAR_PATTERN = (rf"^{_EMAIL_ATEXT}{{1,32}}(?:\.{_EMAIL_ATEXT}{{1,15}}){{0,2}}"
+                         rf"@(?:{_EMAIL_LABEL}\.){{1,4}}[A-Za-z](?:-?[A-Za-z0-9]){{0,15}}$")
 
 
 def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True, text: str | None = None) -> Any:
@@ -157,6 +168,9 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
             if wide:
                 _drop_wide_ints(s, dropped)
             continue
+        if s.get("format") in ("email", "idn-email") and "pattern" not in s:
+            s.pop("format")  # still validated (format assertion)
+            s["pattern"] = EMAIL_GRAMMAR_PATTERN
         mp = s.get("minProperties")
         if (is_number(mp) and mp > 0 and isinstance(s.get("properties"), dict) and s["properties"]
                 and s.get("additionalProperties", True) is not False
