@@ -237,8 +237,10 @@ class ContinuousScheduler:
         for b in list(self.batches):
             rows, t0 = b.canvas.size, time.perf_counter()
             try:
-                if b.mode == "ar":   # as many tokens as a canvas holds
-                    left = b.canvas.run_steps(self.L)
+                if b.mode == "ar":
+                    # alone: as many tokens as a canvas holds; next to other batches a quarter of that,
+                    # so one AR fallback row does not hold up a diffusion batch for L forwards
+                    left = b.canvas.run_steps(self.L if len(self.batches) == 1 else max(1, self.L // 4))
                     self._ar_events(b)
                 else:
                     left = b.canvas.run_canvas(on_canvas=self._canvas_hook(b))

@@ -315,8 +315,14 @@ def test_openai_parse_with_a_pydantic_model(oai):
 
 def test_client_giving_up_does_not_hurt_the_server(client, server_url):
     body = {"messages": MSG, "response_format": {"type": "json_object"}, "max_tokens": 200}
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(server_url + "/v1/chat/completions", json=body, timeout=0.05)
+    gave_up = False
+    for timeout in (0.05, 0.01, 0.002, 0.0005):   # a warm tiny model can answer inside 50 ms
+        try:
+            httpx.post(server_url + "/v1/chat/completions", json=body, timeout=timeout)
+        except httpx.TimeoutException:
+            gave_up = True
+            break
+    assert gave_up, "every request finished before its client's timeout"
     r = client.post("/v1/chat/completions", json={"messages": MSG, "guided_choice": ["x", "y"], "max_tokens": 8})
     assert r.status_code == 200
     assert client.get("/health").json()["status"] == "ok"
