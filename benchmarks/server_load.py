@@ -535,7 +535,7 @@ def plot(result: dict, path: Path) -> bool:
 async def amain(a: argparse.Namespace) -> None:
     trees = ([("old", tree_root(a.old_src))] if a.old_src else []) + [("new", tree_root(a.new_src))]
     # --arm LABEL=ARGS: the new tree again, with other serve arguments (e.g. new-auto="--mode-choice auto")
-    arms = dict(x.split("=", 1) for x in a.arm)
+    arms = dict(a.arm)
     trees += [(label, tree_root(a.new_src)) for label in arms]
     # prompts and schemas: the held-out corpus of the new tree (the client side of both arms)
     pin_tree(trees[-1][1])
@@ -580,6 +580,14 @@ async def amain(a: argparse.Namespace) -> None:
           + f" in {meta['wall_s_total']:.0f}s (server logs in {logdir})")
 
 
+def arm_arg(text: str) -> tuple[str, str]:
+    """``--arm LABEL=ARGS``: a new label (not old/new) and the serve arguments of that arm."""
+    label, sep, args = text.partition("=")
+    if not sep or not label or label in ("old", "new"):
+        raise argparse.ArgumentTypeError(f"expected LABEL=ARGS with a label other than old/new, got {text!r}")
+    return label, args
+
+
 def main() -> None:
     if "--serve-tree" in sys.argv[1:3]:   # the server subprocess: --serve-tree ROOT -- <cli args>
         i = sys.argv.index("--serve-tree")
@@ -603,7 +611,7 @@ def main() -> None:
     ap.add_argument("--server-args", default="", help="extra 'dgemma-struct serve' arguments for both trees")
     ap.add_argument("--old-server-args", default=None, help="extra serve arguments for the old tree only")
     ap.add_argument("--new-server-args", default=None, help="extra serve arguments for the new tree only")
-    ap.add_argument("--arm", action="append", default=[], metavar="LABEL=ARGS",
+    ap.add_argument("--arm", action="append", default=[], metavar="LABEL=ARGS", type=arm_arg,
                     help="one more arm: this tree served with ARGS (repeatable), e.g. new-auto='--mode-choice auto'")
     ap.add_argument("--old-src", default=None, help="an older tree (its src/ or root) to run side by side")
     ap.add_argument("--new-src", default=str(ROOT / "src"), help="the tree measured as 'new' (default: this checkout)")
