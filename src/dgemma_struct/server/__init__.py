@@ -26,6 +26,6 @@ def serve(config: ServerConfig | None = None, runtime=None, *, log_level: str = 
 
     config = config or ServerConfig.from_env()
     if runtime is None:
-        runtime = load_runtime(config.model)
+        runtime = load_runtime(config.model, config.device, config.dtype)
     raise_fd_limit()
     uvicorn.Server(uvicorn_config(create_app(runtime, config), config, log_level=log_level)).run()

@@ -44,7 +44,7 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        rt = runtime if runtime is not None else await asyncio.to_thread(load_runtime, config.model)
+        rt = runtime if runtime is not None else await asyncio.to_thread(load_runtime, config.model, config.device, config.dtype)
         state = ServerState(rt, config)
         state.start()
         holder["state"] = state

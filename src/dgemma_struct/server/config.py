@@ -11,11 +11,13 @@ from dgemma_struct.runtime import DiffusionRuntime
 
 @dataclass
 class ServerConfig:
-    """Server settings. ``from_env`` reads ``DGEMMA_STRUCT_HOST/PORT/MODEL/API_KEY``."""
+    """Server settings. ``from_env`` reads ``DGEMMA_STRUCT_HOST/PORT/MODEL/API_KEY/DEVICE/DTYPE``."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     model: str | None = None              # a local checkpoint directory; None = the embedded model
+    device: str = "auto"                  # "auto" (CUDA when present), "cpu", "cuda", "cuda:1", ...
+    dtype: str = "auto"                   # "auto" (bf16 on CUDA, fp32 on CPU), "bf16", "fp16", "fp32"
     api_key: str | None = None            # when set, /v1/* needs ``Authorization: Bearer <key>``
     served_model_name: str | None = None  # the id /v1/models reports (default: the runtime's name)
     max_batch_size: int = 8               # rows running at once (continuous) / per batched loop (static)
@@ -47,7 +49,8 @@ class ServerConfig:
     @classmethod
     def from_env(cls, **overrides: Any) -> "ServerConfig":
         env = {"host": os.environ.get("DGEMMA_STRUCT_HOST"), "port": os.environ.get("DGEMMA_STRUCT_PORT"),
-               "model": os.environ.get("DGEMMA_STRUCT_MODEL"), "api_key": os.environ.get("DGEMMA_STRUCT_API_KEY")}
+               "model": os.environ.get("DGEMMA_STRUCT_MODEL"), "api_key": os.environ.get("DGEMMA_STRUCT_API_KEY"),
+               "device": os.environ.get("DGEMMA_STRUCT_DEVICE"), "dtype": os.environ.get("DGEMMA_STRUCT_DTYPE")}
         values = {k: v for k, v in env.items() if v}
         if "port" in values:
             values["port"] = int(values["port"])
@@ -56,10 +59,11 @@ class ServerConfig:
         return cls(**{k: v for k, v in values.items() if k in known})
 
 
-def load_runtime(model: str | None) -> DiffusionRuntime:
-    """``model`` = a local checkpoint directory, or None for the embedded model. Never the hub."""
+def load_runtime(model: str | None, device: str = "auto", dtype: str = "auto") -> DiffusionRuntime:
+    """``model`` = a local checkpoint directory, or None for the embedded model. Never the hub.
+    ``device`` / ``dtype``: as :meth:`DiffusionRuntime.from_pretrained` takes them."""
     if not model:
-        return DiffusionRuntime.default()
+        return DiffusionRuntime.default(device=device, dtype=dtype)
     if not os.path.isdir(model):
         raise ModelLoadError(f"--model must be a local checkpoint directory; {model!r} is not one")
-    return DiffusionRuntime.from_pretrained(model, local_files_only=True)
+    return DiffusionRuntime.from_pretrained(model, local_files_only=True, device=device, dtype=dtype)
