@@ -110,7 +110,9 @@ def _masked_stats_kernel(
             zero = tl.zeros([BLOCK], tl.int32)
             r0, r1, r2, r3 = tl.philox(seed, cols, zero + row32, zero, zero)
             u = tl.random.uint_to_uniform_float(r0)
-            u = tl.maximum(u, 1.0e-38)
+            # 1e-30, not 1e-38: a literal below float32's smallest normal (2**-126) is typed
+            # float64 by Triton (3.6 then rejects the loop; tests/kernels/test_kernels_compile.py)
+            u = tl.maximum(u, 1.0e-30)
             g = -tl.log(-tl.log(u))
             gz = tl.where(finite, z + g, NEG_INF)
             g_upd = gz > g_best
