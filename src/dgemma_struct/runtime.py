@@ -34,7 +34,57 @@ from dgemma_struct.sampler import DiffusionSettings
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
 _default_lock = threading.Lock()
-_default_runtime: "DiffusionRuntime | None" = None
+_default_runtimes: "dict[tuple[str, torch.dtype], DiffusionRuntime]" = {}
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+
+
+def resolve_device(device: "str | torch.device | None" = "auto") -> torch.device:
+    """``"auto"`` (or None): CUDA when available, else the CPU; ``"cpu"``, ``"cuda"``, ``"cuda:1"``
+    or a :class:`torch.device`. Raises :class:`ModelLoadError` (one line) for an unknown device, CUDA
+    on a machine without it, or an index past the last GPU.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = device if isinstance(device, torch.device) else torch.device(str(device).strip().lower())
+    except (RuntimeError, ValueError, TypeError) as err:
+        raise ModelLoadError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    if dev.type != "cuda":
+        raise ModelLoadError(f"unsupported device {str(dev)!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ModelLoadError(f"device {str(dev)!r} requested but CUDA is not available ({why}); use --device cpu")
+    count = torch.cuda.device_count()
+    if dev.index is not None and not 0 <= dev.index < count:
+        raise ModelLoadError(f"device {str(dev)!r} does not exist: this machine has {count} CUDA device(s)")
+    return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+
+
+def resolve_dtype(dtype: "str | torch.dtype | None", device: torch.device) -> torch.dtype:
+    """``"auto"`` (or None): bfloat16 on CUDA, float32 elsewhere; ``"bf16"``/``"bfloat16"``,
+    ``"fp16"``/``"float16"``, ``"fp32"``/``"float32"`` or one of those torch dtypes. Anything else
+    raises :class:`ModelLoadError` (one line).
+
+    >>> resolve_dtype("auto", torch.device("cpu")), resolve_dtype("bf16", torch.device("cpu"))
+    (torch.float32, torch.bfloat16)
+    """
+    if dtype is None or (isinstance(dtype, str) and dtype.strip().lower() == "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        if dtype in (torch.bfloat16, torch.float16, torch.float32):
+            return dtype
+        raise ModelLoadError(f"unsupported dtype {dtype}; expected bf16, fp16 or fp32")
+    key = str(dtype).strip().lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; expected 'auto', 'bf16', 'fp16' or 'fp32'")
+    return DTYPES[key]
 
 
 class DiffusionRuntime:
@@ -60,12 +110,17 @@ class DiffusionRuntime:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path_or_id: str | Path, *, device: str | torch.device = "cpu",
-                        dtype: torch.dtype | None = None, local_files_only: bool | None = None) -> "DiffusionRuntime":
+    def from_pretrained(cls, path_or_id: str | Path, *, device: str | torch.device = "auto",
+                        dtype: str | torch.dtype | None = "auto",
+                        local_files_only: bool | None = None) -> "DiffusionRuntime":
         """Loads a ``DiffusionGemmaForBlockDiffusion`` checkpoint and its tokenizer from a local
-        directory, or a hub id when the machine has network."""
+        directory, or a hub id when the machine has network. ``device``: ``"auto"`` (CUDA when
+        available), ``"cpu"``, ``"cuda"``, ``"cuda:N"``; ``dtype``: ``"auto"`` (bf16 on CUDA, fp32 on
+        CPU), ``"bf16"``, ``"fp16"``, ``"fp32"`` (or torch objects) -- see :func:`resolve_device`."""
         from transformers import AutoConfig, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
         path = Path(path_or_id)
         local = path.is_dir()
         lfo = local if local_files_only is None else local_files_only
@@ -77,24 +132,28 @@ class DiffusionRuntime:
             raise ModelLoadError(f"{path_or_id!r} is a {getattr(config, 'model_type', '?')!r} checkpoint, "
                                  "not a DiffusionGemma one (model_type 'diffusion_gemma')")
         try:
-            model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path_or_id), dtype=dtype or torch.float32,
-                                                                    local_files_only=lfo)
+            model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path_or_id), dtype=dt, local_files_only=lfo)
             tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), local_files_only=lfo)
+            model = model.to(dev)
         except Exception as err:  # noqa: BLE001
-            raise ModelLoadError(f"cannot load {path_or_id!r}: {err}") from err
-        return cls(model.to(device), tokenizer, name=path.name if local else str(path_or_id))
+            raise ModelLoadError(f"cannot load {path_or_id!r} on {dev} as {dt}: {err}".splitlines()[0]) from err
+        return cls(model, tokenizer, name=path.name if local else str(path_or_id))
 
     @classmethod
-    def default(cls) -> "DiffusionRuntime":
-        """The embedded model shipped in the package (loaded once per process)."""
-        global _default_runtime
+    def default(cls, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto") -> "DiffusionRuntime":
+        """The embedded model shipped in the package, loaded once per process and per (device,
+        dtype); ``device`` / ``dtype`` as in :meth:`from_pretrained` (``"auto"``: CUDA + bf16 when
+        a GPU is present, else CPU + fp32)."""
+        dev = resolve_device(device)
+        key = (str(dev), resolve_dtype(dtype, dev))
         with _default_lock:
-            if _default_runtime is None:
+            if key not in _default_runtimes:
                 if not (EMBEDDED_DIR / "model.safetensors").exists():
                     raise ModelLoadError(f"the embedded checkpoint is missing from {EMBEDDED_DIR}")
-                _default_runtime = cls.from_pretrained(EMBEDDED_DIR, local_files_only=True)
-                _default_runtime.name = "dgemma-struct-embedded"
-            return _default_runtime
+                rt = cls.from_pretrained(EMBEDDED_DIR, local_files_only=True, device=dev, dtype=key[1])
+                rt.name = "dgemma-struct-embedded"
+                _default_runtimes[key] = rt
+            return _default_runtimes[key]
 
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt: Prompt) -> list[int]:

@@ -124,6 +124,13 @@ def softcapped_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
+def to_device(batch: dict, device: torch.device) -> dict:
+    """The batch's tensors on ``device`` (pinned + non-blocking from the CPU to CUDA)."""
+    if device.type == "cpu":
+        return batch
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def loss_on_batch(model, batch: dict, self_condition: bool):
     from transformers import DynamicCache
 
@@ -144,26 +151,41 @@ def loss_on_batch(model, batch: dict, self_condition: bool):
 
 def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None = None, batch_size: int = 24,
           lr: float = 2e-3, seed: int = 0, corpus_size: int = 60_000, vocab_size: int = 2048,
-          threads: int = 2, log_every: int = 25, resume: bool = False) -> dict:
+          threads: int = 2, log_every: int = 25, resume: bool = False, device: str | torch.device = "auto",
+          dtype: str | torch.dtype | None = "auto") -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
 
     With ``max_steps`` the learning-rate schedule follows steps, so a run is deterministic for a
     seed and thread count (``minutes`` is then only a cap on this call); without it the schedule
     follows wall time. Every 250 steps the model, the optimizer and the random states are saved
-    (``train_state.pt``), so ``resume=True`` continues the same run, schedule included, where it stopped."""
+    (``train_state.pt``), so ``resume=True`` continues the same run, schedule included, where it stopped.
+
+    ``device``: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda[:N]"``; the weights stay float32
+    and ``dtype`` is the autocast dtype of the forward (``"auto"``: bf16 on CUDA, none on CPU).
+    Batches are built on the CPU (same random streams on every device) and copied over."""
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
+    from dgemma_struct.errors import InvalidRequestError, ModelLoadError
+    from dgemma_struct.runtime import resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    amp = resolve_dtype(dtype, dev)
+    if amp == torch.float16:
+        raise InvalidRequestError("fp16 training needs loss scaling, which train() does not do; use bf16 or fp32")
+    out_dir = Path(out_dir)
+    state_path = out_dir / "train_state.pt"
+    if resume and not state_path.exists():
+        raise ModelLoadError(f"--resume: {str(out_dir)!r} holds no saved training state ({state_path.name}); "
+                             "train without --resume first")
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     corpus = make_corpus(corpus_size, seed=seed)
     log: list[dict] = []
-    state_path = out_dir / "train_state.pt"
     if resume:
         tokenizer = AutoTokenizer.from_pretrained(out_dir)
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(out_dir)
@@ -172,6 +194,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
         tokenizer = build_tokenizer(tokenizer_texts(corpus), vocab_size)
         model = DiffusionGemmaForBlockDiffusion(embedded_config(len(tokenizer)))
     config = model.config
+    model.to(dev)
     encoded = [encode_example(tokenizer, e) for e in corpus]
     # Tool prompts carry declarations (~4x longer): a batch holds one kind, so short rows are not
     # padded to a tool prompt's length.
@@ -181,7 +204,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     step, seconds_before = 0, 0.0
     if resume:
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location="cpu")  # the optimizer moves its own
         opt.load_state_dict(state["optimizer"])
         step, seconds_before = state["step"], state["seconds"]
         rng.setstate(state["rng"])
@@ -209,7 +232,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
         group = groups[0] if rng.random() < len(groups[0]) / len(encoded) else groups[1]
         batch = make_batch([encoded[group[rng.randrange(len(group))]] for _ in range(batch_size)],
                            config.canvas_length, config.text_config.vocab_size, gen, rng)
-        diff_loss, ar_loss = loss_on_batch(model, batch, self_condition=rng.random() < 0.5)
+        with torch.autocast(dev.type, dtype=amp, enabled=amp != torch.float32):
+            diff_loss, ar_loss = loss_on_batch(model, to_device(batch, dev), self_condition=rng.random() < 0.5)
         loss = diff_loss + ar_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -231,7 +255,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     total_s = seconds_before + time.time() - start
     meta = {"steps": step, "minutes": round(total_s / 60, 2), "batch_size": batch_size, "lr": lr,
             "seed": seed, "corpus_size": corpus_size, "vocab_size": len(tokenizer), "parameters": n_params,
-            "canvas_length": config.canvas_length, "threads": threads,
+            "canvas_length": config.canvas_length, "threads": threads, "device": str(dev),
+            "autocast": None if amp == torch.float32 else str(amp).removeprefix("torch."),
             "schedule": "steps" if max_steps is not None else "wall-time"}
     (out_dir / "training_meta.json").write_text(json.dumps(meta, indent=1))
     return meta
