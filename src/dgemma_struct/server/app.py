@@ -1,6 +1,8 @@
 """The OpenAI-compatible FastAPI app: ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/models``, ``/health``. Routes and error handlers only; a request's work is
-:func:`.completions.run`, the response bodies are the models of :mod:`.responses`.
+``/v1/models``, the probes ``/health`` (readiness with counters), ``/health/live``,
+``/health/ready`` and the Prometheus ``/metrics``. Routes and error handlers only; a request's
+work is :func:`.completions.run`, the response bodies are the models of :mod:`.responses`, the
+outer layer (request ids, drain, ``Retry-After``) is :mod:`.edge`, readiness is :mod:`.lifecycle`.
 
 Example::
 
@@ -14,6 +16,7 @@ import asyncio
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.responses import Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -22,11 +25,14 @@ from dgemma_struct.runtime import DiffusionRuntime
 
 from .completions import run as run_completion
 from .config import ServerConfig, load_runtime
+from .edge import Edge, install_log_context
 from .errors import APIError, api_error_for, error_body
-from .guard import Guard
+from .lifecycle import Lifecycle, warm_up
+from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, prompt_of_messages, spec_of
 from .responses import ChatCompletion, Completion, Health, ModelCard, ModelList, error_responses, json_response
 from .state import ServerState
+from .verdicts import Verdicts
 from .tool_calls import chat_prompt, tool_request_of
 
 __all__ = ["create_app", "ServerConfig", "ServerState", "load_runtime"]
@@ -36,26 +42,40 @@ _STREAM = {200: {"content": {"text/event-stream": {}},
                  "description": "the body, or with ``stream: true`` server-sent events of chunks"}}
 
 
-def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | None = None) -> FastAPI:
+def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | None = None, *,
+               verdicts: Verdicts | None = None) -> FastAPI:
     """The server app. ``runtime`` = any :class:`DiffusionRuntime` (default: ``config.model`` or the
-    embedded model, loaded at start-up). The generation worker starts with the app's lifespan."""
+    embedded model, loaded at start-up). The generation worker starts with the app's lifespan, then
+    a warm-up generation runs (``/health/ready`` answers 200 after it). ``verdicts``: a store of
+    refused constraints (default: this process's own; the Ray example shares one across replicas).
+    ``app.state.lifecycle`` and ``app.state.metrics`` are the probes' and ``/metrics``' sources."""
     config = config or ServerConfig()
     holder: dict[str, ServerState] = {}
+    lifecycle, metrics = Lifecycle(), Metrics()
+    install_log_context()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         rt = runtime if runtime is not None else await asyncio.to_thread(load_runtime, config.model, config.device, config.dtype)
-        state = ServerState(rt, config)
+        state = ServerState(rt, config, metrics=metrics, verdicts=verdicts)
         state.start()
+        metrics.bind(lambda: state.batcher.queue_depth, lambda: state.batcher.running_rows)
         holder["state"] = state
         app.state.dgemma = state
+        lifecycle.loaded = True
+        warm = asyncio.ensure_future(warm_up(state, lifecycle)) if config.warmup else None
+        lifecycle.warmed = not config.warmup
         try:
             yield
         finally:
+            lifecycle.begin_drain()
+            if warm is not None:
+                warm.cancel()
             state.stop()
 
     app = FastAPI(title="dgemma-struct", version="0.1.0", lifespan=lifespan,
                   description="OpenAI-compatible structured generation with DiffusionGemma models")
+    app.state.lifecycle, app.state.metrics = lifecycle, metrics
 
     def state() -> ServerState:
         if "state" not in holder:
@@ -126,16 +146,45 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
             raise APIError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
         return json_response(ModelCard(id=s.model_id, created=s.created))
 
+    def readiness() -> tuple[str, int]:
+        if "state" not in holder:
+            return "loading", 503
+        if not holder["state"].batcher.alive:
+            return "worker_down", 503
+        if lifecycle.draining:
+            return "draining", 503
+        return ("ok", 200) if lifecycle.warmed else ("warming_up", 503)
+
     @app.get("/health", response_model=Health, responses={503: {"model": Health, "description": "not ready"}})
     async def health():
+        """Readiness with the counters: 200 ``ok`` once a request can be answered (loaded, warmed up,
+        not draining); 503 ``loading`` / ``warming_up`` / ``draining`` / ``worker_down`` otherwise."""
+        status, code = readiness()
         if "state" not in holder:
-            return json_response(Health(status="loading"), 503)
+            return json_response(Health(status=status), code)
         s = holder["state"]
-        ok = s.batcher.alive
-        return json_response(Health(status="ok" if ok else "worker_down", model=s.model_id,
-                                    queue_depth=s.batcher.queue_depth, **s.batcher.counters,
-                                    compile_workers=dict(s.pool.counters) if s.pool is not None else None),
-                             200 if ok else 503)
+        counters = dict(s.batcher.counters, worker_errors=s.batcher.counters["errors"], errors=lifecycle.errors)
+        return json_response(Health(status=status, model=s.model_id, queue_depth=s.batcher.queue_depth,
+                                    running_rows=s.batcher.running_rows, **lifecycle.summary(), **counters,
+                                    verdicts=dict(s.verdicts.counters, size=len(s.verdicts)),
+                                    compile_workers=dict(s.pool.counters) if s.pool is not None else None), code)
 
-    app.add_middleware(Guard, config=config)
+    @app.get("/health/live", summary="Liveness: 200 while the process and its generation worker run")
+    async def live():
+        down = "state" in holder and not holder["state"].batcher.worker_alive
+        return json_response({"status": "worker_down" if down else "alive"}, 503 if down else 200)
+
+    @app.get("/health/ready", summary="Readiness: 200 when a new request can be answered now")
+    async def ready():
+        status, code = readiness()
+        return json_response({"status": status, **lifecycle.summary()}, code)
+
+    @app.get("/metrics", summary="Prometheus metrics (text exposition format)")
+    async def prometheus():
+        metrics.ready.set(1 if readiness()[1] == 200 else 0)
+        metrics.draining.set(1 if lifecycle.draining else 0)
+        body, ctype = metrics.render()
+        return Response(body, media_type=ctype)
+
+    app.add_middleware(Edge, config=config, lifecycle=lifecycle, metrics=metrics)
     return app

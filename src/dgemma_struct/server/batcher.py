@@ -1,32 +1,24 @@
 """Batching: requests from the event loop are queued and run by ONE worker thread that owns the
-model. The event loop never runs model code.
+model. The event loop never runs model code. (docs/server.md, "Batching", says more.)
 
 * ``batching="continuous"`` (default): requests join a running diffusion batch between canvases
-  and leave it as soon as they finish (:class:`~dgemma_struct.continuous.ContinuousScheduler`), so
-  no request waits for a whole batch and no batch waits for its slowest row. Streams are rows like
-  the others: each committed canvas becomes an event. ``max_batch_size`` caps the rows running at
-  once; ``max_wait_ms`` is how long an idle worker waits for more requests before the first canvas.
-  Requests with ``logprobs`` run the static way. ``mode_choice="auto"``: each new batch runs
-  diffusion or AR, whichever measured more finished rows per second at the current load
-  (:mod:`dgemma_struct.mode_choice`); ``/health`` reports the rows per mode and the rates.
-* ``batching="static"``: the worker takes the first waiting request, then waits up to
-  ``max_wait_ms`` for more, up to ``max_batch_size`` rows, and runs them as one
-  :func:`dgemma_struct.api.generate_batch` call (rows with the same ``max_new_tokens`` and seed share
-  a loop; each row keeps its own constraint); streams run one by one.
-* ``max_queue``: a bounded queue; a full queue is refused at once (:class:`QueueFull` -> HTTP 429).
-* Per-request timeouts: ``timeout_s`` counts from when the request starts *running* (a short
-  request queued behind a long batch keeps its whole budget); the wait in the queue is bounded
-  separately (``queue_timeout_s``). A request whose caller gave up (timeout, disconnect) is
-  marked cancelled and dropped when the worker reaches it; in a batch already running its row
-  is dropped at the next denoising step (``generate_batch(row_stop=...)``).
-* Failure containment: when a batched loop (or canvas) fails as a whole, each of its rows is rerun alone, so
-  only the row that caused it fails; errors from native code (``PanicException`` is a
-  ``BaseException``) become a typed :class:`~dgemma_struct.errors.ConstraintEngineError`. The
-  worker catches everything: a failing batch fails its own requests, never the thread.
-* Seeds: every row has its own seed and generator (``generate_batch(seed=[...])``), so a row's
-  output does not depend on its batch-mates; ``seed=None`` is a fresh random seed per row. (With
-  an API that takes one seed per call, rows are grouped by seed instead, and ``None`` rows share
-  one fresh seed per batch.)
+  and leave it as soon as they finish (:class:`~dgemma_struct.continuous.ContinuousScheduler`);
+  streams are rows like the others (each committed canvas becomes an event); ``max_batch_size``
+  caps the rows running at once; requests with ``logprobs`` run the static way;
+  ``mode_choice="auto"``: each new batch runs diffusion or AR, whichever measured more finished
+  rows per second at the current load (:mod:`dgemma_struct.mode_choice`).
+* ``batching="static"``: the first waiting request, plus whatever arrives within ``max_wait_ms``
+  (up to ``max_batch_size`` rows), runs as one :func:`dgemma_struct.api.generate_batch` call.
+* ``max_queue``: a full queue is refused at once (:class:`QueueFull` -> HTTP 429).
+* Timeouts: ``timeout_s`` counts from when a request starts *running*; the wait in the queue is
+  bounded by ``queue_timeout_s``. A request whose caller gave up is dropped when the worker
+  reaches it, or at the next denoising step when it is running.
+* Failure containment: a batch (or canvas) that fails as a whole reruns each row alone, so only
+  the row that caused it fails; native errors (``PanicException``) become a typed
+  :class:`~dgemma_struct.errors.ConstraintEngineError`; the worker thread survives anything.
+* Seeds: every row has its own seed and generator; ``seed=None`` is a fresh random seed per row.
+* Observability: each finished row is reported to ``metrics`` (:mod:`.metrics`); on the
+  continuous path each row's share of model and constraint time goes into its stats (:mod:`.rowclock`).
 
 The jobs are in :mod:`.jobs`, the SDK calls the worker makes in :mod:`.generation`.
 
@@ -51,7 +43,8 @@ from dgemma_struct.runtime import DiffusionRuntime
 
 from .errors import QueueFull, ShuttingDown
 from .generation import constrained_rows, free_text_rows, group_seed, per_row_seeds, row_request, stream_events
-from .jobs import DONE, Job, typed_error
+from .jobs import DONE, Job, collect, take, typed_error
+from .rowclock import RowClock, fill_stats
 
 __all__ = ["Batcher", "Job", "QueueFull", "ShuttingDown"]
 
@@ -61,7 +54,7 @@ class Batcher:
 
     def __init__(self, runtime: DiffusionRuntime, *, max_batch_size: int = 8, max_wait_ms: float = 10.0,
                  max_queue: int = 64, max_repairs: int = 2, queue_timeout_s: float | None = None,
-                 batching: str = "continuous", mode_choice: str = "requested"):
+                 batching: str = "continuous", mode_choice: str = "requested", metrics: Any = None):
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be >= 1")
         if batching not in ("continuous", "static"):
@@ -79,6 +72,8 @@ class Batcher:
         self._q: "queue.Queue[Job]" = queue.Queue(maxsize=max_queue)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.metrics = metrics            # a .metrics.Metrics: each finished row is reported to it
+        self._static_rows = 0
         self.counters = {"batches": 0, "rows": 0, "largest_batch": 0, "dropped": 0, "streams": 0, "errors": 0,
                          "isolated_reruns": 0, "cancelled_rows": 0, "continuous_rows": 0, "canvases": 0}
 
@@ -106,8 +101,26 @@ class Batcher:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     @property
+    def worker_alive(self) -> bool:
+        """Whether the worker thread runs (also while stopping; :attr:`alive` is False then)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def queue_depth(self) -> int:
         return self._q.qsize()
+
+    @property
+    def running_rows(self) -> int:
+        """Rows being generated now (read from other threads: a best-effort count)."""
+        try:
+            return (self.sched.running + len(self.sched.waiting) if self.sched is not None else 0) + self._static_rows
+        except RuntimeError:   # the batch list changed while it was read
+            return self._static_rows
+
+    def _observe(self, job: Job, value: Any) -> None:
+        now = time.monotonic()
+        self.metrics.row(value, queued_s=(job.started or now) - job.enqueued,
+                         ran_s=None if job.started is None else now - job.started)
 
     # ------------------------------------------------------------------ event-loop side
     def _enqueue(self, job: Job) -> None:
@@ -123,7 +136,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         wait = self.queue_timeout_s if self.queue_timeout_s is not None else timeout_s
         return Job(prompt, spec, max_new_tokens, seed, time.monotonic() + wait, loop, timeout_s=timeout_s,
-                   temperature=temperature, top_p=top_p, **kw)
+                   temperature=temperature, top_p=top_p, on_done=self._observe if self.metrics else None, **kw)
 
     async def _wait_started(self, job: Job, timeout_s: float) -> None:
         """Returns once the worker started ``job``; :class:`GenerationTimeout` if it waited in the
@@ -191,26 +204,6 @@ class Batcher:
             job.cancelled = True
 
     # ------------------------------------------------------------------ worker side
-    def _collect(self) -> list[Job]:
-        try:
-            first = self._q.get(timeout=0.1)
-        except queue.Empty:
-            return []
-        batch = [first]
-        if first.streaming:
-            return batch
-        end = time.monotonic() + self.max_wait_s
-        while len(batch) < self.max_batch_size:
-            left = end - time.monotonic()
-            try:
-                job = self._q.get(timeout=left) if left > 0 else self._q.get_nowait()
-            except queue.Empty:
-                break
-            batch.append(job)
-            if job.streaming:
-                break
-        return batch
-
     def _run(self) -> None:
         while not self._stop.is_set():
             if self.sched is not None:
@@ -218,7 +211,7 @@ class Batcher:
                 continue
             batch: list[Job] = []
             try:
-                batch = self._collect()
+                batch = collect(self._q, self.max_batch_size, self.max_wait_s)
                 if batch:
                     self._run_static(batch)
             except BaseException as err:  # noqa: BLE001 - the worker must survive anything
@@ -257,39 +250,13 @@ class Batcher:
             self._run_stream(j)
 
     # ------------------------------------------------------------------ continuous batching
-    def _take(self) -> list[Job]:
-        """Waiting jobs, at most as many as there is room for; an idle worker waits up to 0.1 s
-        for the first, then ``max_wait_ms`` for more."""
-        sched = self.sched
-        room = self.max_batch_size - sched.running - len(sched.waiting)
-        jobs: list[Job] = []
-        if sched.idle:
-            try:
-                jobs.append(self._q.get(timeout=0.1))
-            except queue.Empty:
-                return []
-            end = time.monotonic() + self.max_wait_s
-            while len(jobs) < room:
-                left = end - time.monotonic()
-                try:
-                    jobs.append(self._q.get(timeout=left) if left > 0 else self._q.get_nowait())
-                except queue.Empty:
-                    break
-            return jobs
-        while len(jobs) < room:
-            try:
-                jobs.append(self._q.get_nowait())
-            except queue.Empty:
-                break
-        return jobs
-
     def _tick(self) -> None:
         """One round of the continuous worker: take jobs, admit them, run one canvas everywhere,
         deliver what finished."""
         sched = self.sched
         jobs: list[Job] = []
         try:
-            jobs = self._live(self._take())
+            jobs = self._live(take(self._q, self.sched, self.max_batch_size, self.max_wait_s))
             static = [j for j in jobs if j.logprobs is not None]
             for job in jobs:
                 if job.logprobs is not None:
@@ -307,7 +274,10 @@ class Batcher:
                 self._run_static(static)
             if sched.idle:
                 return
-            done = sched.step()
+            early = RowClock.admit(sched)   # rows join first, so their first canvas is timed too
+            snap = RowClock.before(sched)
+            done = early + sched.step()
+            RowClock.after(snap)
         except BaseException as err:  # noqa: BLE001 - the worker must survive anything
             self.counters["errors"] += 1
             for job in jobs:
@@ -333,6 +303,7 @@ class Batcher:
             else:
                 self._run_group([job], isolated=True)
             return
+        fill_stats(job, res)
         if isinstance(res, BaseException):
             job.fail(typed_error(res, job))
             return
@@ -356,6 +327,7 @@ class Batcher:
             self.counters["largest_batch"] = max(self.counters["largest_batch"], len(group))
         timeout = max(0.001, max(j.deadline for j in group) - time.monotonic())
         seed = group_seed(self.runtime, group)
+        self._static_rows = len(group)
         try:
             if group[0].spec is None:
                 results = free_text_rows(self.runtime, group, seed)
@@ -372,10 +344,13 @@ class Batcher:
                         self._run_group([j], isolated=True)
                 return
             results = [typed_error(err, j) for j in group]
+        finally:
+            self._static_rows = 0
         for job, res in zip(group, results):
             if job.cancelled:
                 self.counters["cancelled_rows"] += 1
             else:
+                fill_stats(job, res)
                 job.resolve(res if not isinstance(res, BaseException) else typed_error(res, job))
 
     def _run_stream(self, job: Job) -> None:
@@ -388,6 +363,8 @@ class Batcher:
                 for ev in events:
                     if job.cancelled:
                         return
+                    if ev.done:
+                        fill_stats(job, ev)
                     job.push(ev)
             finally:
                 events.close()

@@ -39,6 +39,11 @@ class ServerConfig:
     compile_memory_mb: int = 4096         # address space a compile worker may add (0 = no cap)
     stream_live: bool = False             # stream canvases as they commit (may end in stream_diverged)
     max_error_chars: int = 1000           # error messages are cut to this length
+    # readiness, drain, refusals
+    warmup: bool = True                   # /health/ready waits for one warm-up generation
+    drain_timeout_s: float = 30.0         # after SIGTERM: longest wait for in-flight requests
+    retry_after_s: int = 1                # Retry-After (seconds) on every 429 and 503
+    verdict_ttl_s: float = 3600.0         # how long a refused constraint is refused at once
     # connections (uvicorn)
     header_timeout_s: float = 10.0        # a request's headers and body must arrive within this
     timeout_keep_alive_s: float = 5.0     # idle keep-alive connections are closed after this

@@ -4,9 +4,10 @@ back through the loop (``call_soon_threadsafe``)."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from dgemma_struct.errors import ConstraintEngineError, DgemmaStructError
 
@@ -33,6 +34,9 @@ class Job:
     thinking: Any = False           # False, True (thought block required) or "optional"
     max_thinking_tokens: int | None = None
     logprobs: int | None = None     # None: off; k: each token's logprob and k top alternatives
+    on_done: Callable[["Job", Any], None] | None = None   # called once with the result or error (metrics)
+    model_s: float = 0.0            # this job's share of model / constraint time (continuous rows)
+    mask_s: float = 0.0
 
     def start(self) -> None:
         """The worker starts running this job: its run deadline begins now."""
@@ -54,8 +58,17 @@ class Job:
         except RuntimeError:   # the loop is closed: nobody is waiting any more
             pass
 
+    def _finished(self, value: Any) -> None:
+        hook, self.on_done = self.on_done, None
+        if hook is not None:
+            try:
+                hook(self, value)
+            except Exception:  # noqa: BLE001 - an observer never fails a request
+                pass
+
     def resolve(self, value: Any) -> None:
         """Hand a non-streaming job its result (or exception)."""
+        self._finished(value)
         def _set(fut: asyncio.Future, v: Any) -> None:
             if not fut.done():
                 if isinstance(v, BaseException):
@@ -67,6 +80,8 @@ class Job:
 
     def push(self, item: Any) -> None:
         """Hand a streaming job its next event (an exception, or :data:`DONE` at the end)."""
+        if isinstance(item, BaseException) or getattr(item, "done", False):
+            self._finished(item)
         if self.events is not None:
             self._post(self.events.put_nowait, item)
 
@@ -90,3 +105,52 @@ def typed_error(err: BaseException, job: Job) -> BaseException:
         e.__cause__ = err if isinstance(err, Exception) else None
         return e
     return err if isinstance(err, Exception) else RuntimeError(repr(err))
+
+
+def collect(q: "queue.Queue[Job]", max_batch_size: int, max_wait_s: float) -> list[Job]:
+    """The static worker's next batch: the first waiting job (waits up to 0.1 s), then whatever
+    arrives within ``max_wait_s``, up to ``max_batch_size``; a stream ends the batch."""
+    try:
+        first = q.get(timeout=0.1)
+    except queue.Empty:
+        return []
+    batch = [first]
+    if first.streaming:
+        return batch
+    end = time.monotonic() + max_wait_s
+    while len(batch) < max_batch_size:
+        left = end - time.monotonic()
+        try:
+            job = q.get(timeout=left) if left > 0 else q.get_nowait()
+        except queue.Empty:
+            break
+        batch.append(job)
+        if job.streaming:
+            break
+    return batch
+
+
+def take(q: "queue.Queue[Job]", sched: Any, max_batch_size: int, max_wait_s: float) -> list[Job]:
+    """The continuous worker's waiting jobs, at most as many as ``sched`` has room for; an idle
+    worker waits up to 0.1 s for the first, then ``max_wait_s`` for more."""
+    room = max_batch_size - sched.running - len(sched.waiting)
+    jobs: list[Job] = []
+    if sched.idle:
+        try:
+            jobs.append(q.get(timeout=0.1))
+        except queue.Empty:
+            return []
+        end = time.monotonic() + max_wait_s
+        while len(jobs) < room:
+            left = end - time.monotonic()
+            try:
+                jobs.append(q.get(timeout=left) if left > 0 else q.get_nowait())
+            except queue.Empty:
+                break
+        return jobs
+    while len(jobs) < room:
+        try:
+            jobs.append(q.get_nowait())
+        except queue.Empty:
+            break
+    return jobs

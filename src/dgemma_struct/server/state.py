@@ -11,15 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dgemma_struct.api import constraint_for
+from dgemma_struct.constraints import cache_info
 from dgemma_struct.constraints.thinking import THOUGHT_CLOSE, THOUGHT_OPEN
 from dgemma_struct.errors import DgemmaStructError, GroundingError
 from dgemma_struct.grounding import compile_grounded, grounded_sources, grounding_options, has_grounding
 from dgemma_struct.runtime import DiffusionRuntime
 
 from .batcher import Batcher
-from .compile_pool import CompilePool
+from .compile_pool import CompilePool, spec_key
 from .config import ServerConfig
 from .errors import APIError, api_error_for
+from .metrics import Metrics
+from .verdicts import REMEMBERED_CODES, Verdicts
 from .tool_calls.request import prepare_tokenizer
 
 
@@ -27,15 +30,18 @@ class ServerState:
     """The runtime and everything the server runs it with; :meth:`start` / :meth:`stop` follow the
     app's lifespan."""
 
-    def __init__(self, runtime: DiffusionRuntime, config: ServerConfig):
+    def __init__(self, runtime: DiffusionRuntime, config: ServerConfig, *, metrics: Metrics | None = None,
+                 verdicts: Verdicts | None = None):
         self.runtime = runtime
+        self.metrics = metrics
+        self.verdicts = verdicts if verdicts is not None else Verdicts(ttl_s=config.verdict_ttl_s)
         self.config = config
         self.model_id = config.served_model_name or runtime.name
         self.created = int(time.time())
         self.batcher = Batcher(runtime, max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
                                max_queue=config.max_queue, max_repairs=config.max_repairs,
                                queue_timeout_s=config.queue_timeout_s, batching=config.batching,
-                               mode_choice=config.mode_choice)
+                               mode_choice=config.mode_choice, metrics=metrics)
         self.compile_sem = asyncio.Semaphore(config.max_concurrent_compiles)
         # compiles never share an executor with anything else (prompts, generation)
         self.compile_executor = ThreadPoolExecutor(max_workers=config.max_concurrent_compiles,
@@ -74,9 +80,31 @@ class ServerState:
 
     async def compile(self, spec: Any, param: str | None) -> Any:
         """Compile a request's constraint: first in a worker process (a crash or runaway compile
-        there is a typed 400), then in-process for generation (cached)."""
+        there is a typed 400), then in-process for generation (cached). A spec refused before (here,
+        or by another replica sharing the verdicts) is refused at once (:mod:`.verdicts`)."""
         if spec is None:
             return None
+        key = spec_key(spec)
+        verdict = await self.verdicts.lookup(key)
+        if verdict is not None:
+            if self.metrics is not None:
+                self.metrics.verdict_hits.inc()
+            raise APIError(verdict.get("status", 400), verdict.get("message", "this constraint was refused before"),
+                           param=param, code=verdict.get("code"))
+        t0 = time.perf_counter()
+        hits = cache_info().hits
+        try:
+            out = await self._compile(spec, param)
+        except APIError as err:
+            if err.status == 400 and err.code in REMEMBERED_CODES:
+                self.verdicts.remember(key, {"status": err.status, "message": err.message, "code": err.code})
+            raise
+        if self.metrics is not None:
+            self.metrics.compile_seconds.observe(time.perf_counter() - t0)
+            self.metrics.compile_cache.labels(outcome="hit" if cache_info().hits > hits else "miss").inc()
+        return out
+
+    async def _compile(self, spec: Any, param: str | None) -> Any:
         loop = asyncio.get_running_loop()
         limit = self.config.compile_timeout_s
         if self.pool is not None and await loop.run_in_executor(self.known_executor, self.pool.known_ok, spec):

@@ -94,7 +94,7 @@ def stream_validated(state: ServerState, req: Any, rid: str, rows: list[tuple], 
     include_usage = _include_usage(req)
 
     async def sse() -> AsyncIterator[str]:
-        for i, (text, finish, _, _) in enumerate(rows):
+        for i, (text, finish, _, stats) in enumerate(rows):
             extra = dict(extras[i]) if extras else {}
             thought = extra.pop("reasoning_content", None) or ""
             if chat:
@@ -103,7 +103,8 @@ def stream_validated(state: ServerState, req: Any, rid: str, rows: list[tuple], 
                 yield chunk(None if chat else "", None, index=i, reasoning=thought[k:k + DELTA_CHARS])
             for piece, more in _deltas(text, entries[i] if entries is not None else None, chat):
                 yield chunk(piece, None, index=i, choice_extra=more)
-            yield chunk(None if chat else "", finish, index=i, choice_extra=extra or None)
+            yield chunk(None if chat else "", finish, index=i, choice_extra=extra or None,
+                        extra={"dgemma_stats": stats} if stats else None)
         if include_usage:
             yield chunker.usage(n_prompt, sum(r[2] for r in rows))
         yield DONE_EVENT
@@ -171,8 +172,9 @@ async def stream_live(state: ServerState, req: Any, prompt: Any, constraint: Any
                         yield chunk(text[len(sent):], None)
                     finish = "stop" if cut is not None else (getattr(ev, "finish_reason", None) or "stop")
                     completion = state.count_tokens(text) if cut is not None else len(ev.token_ids)
+                    stats = ev.stats.to_dict() if getattr(ev, "stats", None) is not None else {}
                     yield chunk(None if chat else "", finish if finish in ("stop", "length") else "stop",
-                                extra={"dgemma_stats": {"canvases": canvases}})
+                                extra={"dgemma_stats": {"canvases": canvases, **stats, "streamed_canvases": canvases}})
                     if include_usage:
                         yield chunker.usage(n_prompt, completion)
                     yield DONE_EVENT
