@@ -62,7 +62,8 @@ def test_crashing_inputs_in_a_subprocess():
     assert by[json.dumps({"const": N63})] == ["ok", True, False]
     assert by[json.dumps({"enum": [1, N63]})] == ["ok", True, False]
     assert by[json.dumps({"type": "integer", "minimum": N63})] == ["ok", True, True]
-    assert by[json.dumps({"type": "integer", "maximum": N63})] == ["ok", True, False]
+    # a maximum at or below -2**63 leaves only values the model never writes: refused, naming the keyword (#26)
+    assert by[json.dumps({"type": "integer", "maximum": N63})][0] == "SchemaError"
     assert by[json.dumps({"const": 2 ** 64})][:2] == ["ok", False]
     for r in res:
         assert r[0] == "ok" or (r[0].endswith("Error") and r[1] <= 2 * MAX_ERROR_CHARS)

@@ -15,6 +15,7 @@ import llguidance as llg
 from dgemma_struct.errors import ChoiceError, ConstraintCompileTimeout, GrammarError, RegexError
 
 from .constraint import ChoiceValidator, Constraint, ConstraintKind
+from .literals import lone_surrogate, regex_dialect_error, screen_lark_json
 from .regex_ascii import ascii_classes
 from .safety import MAX_SPEC_BYTES, clip, engine_guard, is_limit_error, parser_limits
 from .specs import Choice, Grammar
@@ -51,6 +52,12 @@ def compile_regex(pattern: str, info: TokenizerInfo) -> Constraint:
         raise RegexError(f"regex too long: more than {MAX_SPEC_BYTES} bytes")
     if "\x00" in pattern:
         raise RegexError("regex contains a NUL character")
+    bad = lone_surrogate(pattern)
+    if bad is not None:
+        raise RegexError(f"regex is not valid Unicode: lone surrogate at index {bad}")
+    dialect_err = regex_dialect_error(pattern)
+    if dialect_err is not None:  # llguidance reads some of these (a**, a trailing \\) as something else
+        raise RegexError(f"invalid regex {clip(repr(pattern), 200)}: {clip(dialect_err, 300)}")
     with engine_guard("compiling a regex"):
         # \d \w \s (and negations) as vLLM / xgrammar, Outlines and ECMA-262 read them: ASCII
         g = llg.LLMatcher.grammar_from_regex(ascii_classes(pattern))
@@ -145,12 +152,18 @@ def compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
         raise GrammarError(f"grammar too long: more than {MAX_SPEC_BYTES} bytes")
     if "\x00" in text:
         raise GrammarError("grammar contains a NUL character")
+    bad = lone_surrogate(text)
+    if bad is not None:
+        raise GrammarError(f"grammar is not valid Unicode: lone surrogate at line {text.count(chr(10), 0, bad) + 1}")
     gbnf = _is_gbnf(text)
     if gbnf:
         text = _gbnf_to_lark(text)
     else:
         _check_imports(text)
+    screen_lark_json(text)
     start = spec.start or "start"
+    if not isinstance(start, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", start):
+        raise GrammarError(f"start must be a rule name, not {clip(repr(start), 80)}")
     import lark
     lark_err: Exception | None = None
     try:

@@ -22,9 +22,10 @@ import jsonschema
 import llguidance as llg
 from referencing.exceptions import Unresolvable
 
-from dgemma_struct.errors import ConstraintCompileTimeout, SchemaError, UnsupportedKeywordError
+from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
-from .safety import check_schema_input, clip, engine_guard, has_wide_int, is_limit_error
+from .literals import has_wide_number, is_ecma_regex
+from .safety import check_schema_input, clip, engine_guard, is_limit_error
 from .schema_checks import check_schema, is_number, iter_subschemas
 from .schema_checks import jsonschema_rs as _rs
 
@@ -74,6 +75,7 @@ def _format_checker(cls: Any) -> Any:
         # jsonschema's email check is only "contains @": use one that follows RFC 5321/5322
         fc.checkers["email"] = (_is_email, ())
         fc.checkers["idn-email"] = (_is_email, ())
+        fc.checkers["regex"] = (is_ecma_regex, ())  # ECMA-262, as JSON Schema defines it (not Python's re)
         _FORMAT_CHECKERS[cls] = fc
     return fc
 
@@ -166,7 +168,7 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
     for _, s in iter_subschemas(g):
         if _REWRITTEN.isdisjoint(s):  # most subschemas: nothing here to rewrite
             if wide:
-                _drop_wide_ints(s, dropped)
+                _drop_wide_ints(s, dropped, wide != "ints")
             continue
         if s.get("format") in ("email", "idn-email") and "pattern" not in s:
             s.pop("format")  # still validated (format assertion)
@@ -207,7 +209,7 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
                     if dropped is not None:
                         dropped.append(kw)
         if wide:
-            _drop_wide_ints(s, dropped)
+            _drop_wide_ints(s, dropped, wide != "ints")
     return g
 
 
@@ -218,13 +220,15 @@ _STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "depen
                "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
 
 
-def _drop_wide_ints(s: dict, dropped: list[str] | None) -> None:
-    """Keep integers llguidance cannot take (see :mod:`.safety`) out of the grammar copy: the keyword
-    holding one is removed (``const``/``enum`` leave their values' types behind), so the grammar is a
-    superset and validation, exact for Python ints, enforces the keyword."""
+def _drop_wide_ints(s: dict, dropped: list[str] | None, float_values: bool = True) -> None:
+    """Keep numbers llguidance cannot take (:func:`~.literals.is_wide_number`) out of the grammar copy:
+    the keyword holding one is removed (``const``/``enum`` leave their values' types behind), so the
+    grammar is a superset and validation, exact for Python ints, enforces the keyword.
+    ``float_values``: wide floats in ``const`` / ``enum`` count too (always for bounds): needed where
+    the schema says ``integer`` anywhere (the engine reads them as 64-bit integers there)."""
     for kw in [k for k in s if k not in _STRUCTURAL]:
         v = s[kw]
-        if not has_wide_int(v):
+        if not has_wide_number(v, floats=float_values or kw not in ("const", "enum")):
             continue
         s.pop(kw)
         if kw in ("const", "enum"):
@@ -275,9 +279,15 @@ def _uses(schema: Any, kw: str, subs: list | None = None) -> bool:
 
 
 def json_options(whitespace: str, separators: tuple[str, str] | None) -> dict:
-    if whitespace not in ("compact", "model", "flexible"):
-        raise ValueError(f"whitespace must be 'compact', 'model' or 'flexible', not {whitespace!r}")
+    """llguidance's JSON options; a bad ``whitespace`` / ``separators`` is an :class:`InvalidRequestError`."""
+    if not isinstance(whitespace, str) or whitespace not in ("compact", "model", "flexible"):
+        raise InvalidRequestError(f"whitespace must be 'compact', 'model' or 'flexible', not {clip(repr(whitespace), 80)}")
     opts: dict = {"whitespace_flexible": whitespace != "compact"}
+    if separators and (not isinstance(separators, (tuple, list)) or len(separators) != 2 or
+                       not all(isinstance(x, str) and x.strip() in (",", ":") and x.strip() for x in separators)
+                       or separators[0].strip() != "," or separators[1].strip() != ":"):
+        raise InvalidRequestError(f"separators must be a pair like (', ', ': '): an item separator around ',' and a "
+                                  f"key separator around ':', not {clip(repr(separators), 80)}")
     item, key = separators if separators else (",", ":")
     opts["item_separator"] = item
     opts["key_separator"] = key
@@ -309,14 +319,17 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
         schema = json.loads(text, parse_int=parse_int)
     except (TypeError, ValueError, RecursionError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {clip(e)}") from None
-    wide = bool(long_ints) and has_wide_int(schema)
+    # the one rule of .literals: ints *and* floats of size >= 2**63 (a float that large prints as "e+")
+    wide: bool | str = (bool(long_ints) or "e+" in text) and has_wide_number(schema)
+    if wide and '"integer"' not in text:
+        wide = "ints"  # no integer context: wide float consts / enums are safe to hand over
     if schema is False:
         raise SchemaError("unsatisfiable schema: false")
     subs = list(iter_subschemas(schema)) if isinstance(schema, dict) else []
     check_schema(schema, subs, text)
     semantic: list[str] = []
     g = _grammar_copy(schema, semantic, wide, text) if isinstance(schema, dict) else {}
-    if wide and has_wide_int(g):  # somewhere the grammar copy could not drop it: never hand it to the engine
+    if wide and has_wide_number(g, floats=wide != "ints"):  # somewhere the grammar copy could not drop it: never hand it to the engine
         raise SchemaError("the schema holds an integer beyond the 64-bit range (|v| >= 2**63) where it cannot be "
                           "left to validation")
     if isinstance(schema, dict) and _uses(schema, "dependencies", subs):

@@ -112,6 +112,10 @@ def _check_metaschema(schema: Any, subs: list | None = None) -> None:
     except jsonschema.exceptions.SchemaError as e:
         raise SchemaError(f"invalid JSON Schema at {clip(fmt_path(tuple(e.absolute_path)), 200)}: "
                           f"{clip(e.message)}") from None
+    except (OverflowError, RecursionError, re.error, ValueError, TypeError) as e:
+        # a format check that fails instead of answering (Python's re: "the repetition number is too
+        # large" for a{0,4294967296}); validation would fail the same way on every value
+        raise SchemaError(f"invalid JSON Schema: {type(e).__name__}: {clip(e, 300)}") from None
 
 
 def _resolve_pointer(root: Any, ref: str, subs: list | None = None) -> bool:
@@ -181,18 +185,83 @@ _BOUND_KEYS = frozenset(("minLength", "maxLength", "minItems", "maxItems", "minP
                          "enum"))
 
 
+def _must_hold(kw: str | None, key: Any, parent: dict | None, parent_must: bool) -> bool:
+    """Whether a subschema (reached from ``parent`` through keyword ``kw`` and, for a dict / list
+    keyword, ``key``; the root has ``parent=None``) must hold for every valid instance, so that a
+    contradiction in it makes the whole schema unsatisfiable: the root, ``allOf`` members, required
+    properties, ``items`` / tuple items an array must have (``minItems``). Under ``not`` / ``anyOf`` /
+    ``oneOf`` / ``if``-``then``-``else``, optional properties, ``$defs`` ... it only prunes a branch."""
+    if parent is None:
+        return kw is None
+    if not parent_must:
+        return False
+    typ = parent.get("type")
+    if kw == "allOf":
+        return True
+    if kw == "properties":
+        req = parent.get("required")
+        return isinstance(req, list) and key in req and typ in (None, "object")
+    mi = parent.get("minItems")
+    mi = mi if is_number(mi) else 0
+    if kw == "items" and key is None:
+        return mi > 0 and typ in (None, "array")
+    if kw in ("prefixItems", "items") and isinstance(key, int):
+        return key < mi and typ in (None, "array")
+    return False
+
+
+def _edge(path: tuple, s: dict, seen: dict) -> tuple:
+    """(parent schema, parent must-hold, keyword, key) of the subschema ``s`` at ``path``."""
+    if len(path) >= 2 and path[:-2] in seen:
+        ps, pm = seen[path[:-2]]
+        c = ps.get(path[-2])
+        k = path[-1]
+        if (isinstance(c, dict) and isinstance(k, str) and c.get(k) is s) or \
+                (isinstance(c, list) and isinstance(k, int) and k < len(c) and c[k] is s):
+            return ps, pm, path[-2], k
+    if path and path[:-1] in seen:
+        ps, pm = seen[path[:-1]]
+        return ps, pm, path[-1], None
+    return None, False, None if not path else "?", None
+
+
+_WIDE = float(2 ** 63)
+
+
+def _too_wide(v: Any) -> bool:
+    try:
+        return is_number(v) and abs(float(v)) >= _WIDE
+    except OverflowError:
+        return True
+
+
 def _check_bounds(schema: Any, subs: list | None = None) -> None:
+    """Plainly unsatisfiable bounds, where the subschema must hold (:func:`_must_hold`); and number
+    bounds the constrained decoder cannot enforce (a ``minimum`` at or past ``2**63``, a ``maximum``
+    at or below ``-2**63``: no value in range would ever be written)."""
     pairs = [("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"),
              ("minContains", "maxContains")]
+    seen: dict[tuple, tuple[dict, bool]] = {}
     for path, s in (subs if subs is not None else iter_subschemas(schema)):
-        if _BOUND_KEYS.isdisjoint(s):
-            if s.get("type") == []:
+        if path:
+            ps, pm, kw, key = _edge(path, s, seen)
+            m = _must_hold(kw, key, ps, pm)
+        else:
+            m = True
+        seen[path] = (s, m)
+        if not m or _BOUND_KEYS.isdisjoint(s):
+            if m and s.get("type") == []:
                 raise SchemaError(f"unsatisfiable schema at {fmt_path(path)}: empty type list", keywords=["type"])
             continue
         for lo, hi in pairs:
             if is_number(s.get(lo)) and is_number(s.get(hi)) and s[lo] > s[hi]:
                 raise SchemaError(f"unsatisfiable schema at {fmt_path(path)}: {lo} ({s[lo]}) > {hi} ({s[hi]})",
                                   keywords=[lo, hi])
+        for kw, sign in (("minimum", 1), ("exclusiveMinimum", 1), ("maximum", -1), ("exclusiveMaximum", -1)):
+            v = s.get(kw)
+            if _too_wide(v) and v * sign > 0:
+                raise SchemaError(f"{kw} {v!r} at {fmt_path(path)} is beyond what the constrained decoder can enforce "
+                                  f"(|bound| >= 2**63): no number in range would ever be written", keywords=[kw])
         lo = [v for v in (s.get("minimum"), s.get("exclusiveMinimum")) if is_number(v)]
         hi = [v for v in (s.get("maximum"), s.get("exclusiveMaximum")) if is_number(v)]
         if lo and hi:

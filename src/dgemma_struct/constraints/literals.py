@@ -1,0 +1,148 @@
+"""Screens for literals that reach the native engine (llguidance): wide numbers, ``%json`` blocks
+inside Lark grammars, regex dialects and text llguidance cannot encode.
+
+**One rule for numbers** (:func:`is_wide_number`): a JSON number (an ``int`` *or* a ``float``, never a
+``bool``) whose double value reaches ``2**63`` in size is *wide*. llguidance reads numbers into 64-bit
+integers where a schema says ``"type": "integer"``; a value that saturates to ``-2**63`` there
+(``-1e308``, ``-9.223372036854776e18``, ``-9223372036854775807``, ...) kills the process (SIGSEGV),
+and one beyond the range makes its schema reader fail. Every float that large is integral, so the rule
+covers "integral floats beyond i64" too. The same rule screens JSON schemas (:mod:`.json_schema`),
+``%json`` bodies of Lark grammars (:func:`screen_lark_json`), tool schemas and grounded specs (both
+compiled through those two paths).
+
+>>> is_wide_number(-1e308), is_wide_number(-9223372036854775807), is_wide_number(2 ** 62), is_wide_number(True)
+(True, True, False, False)
+>>> regex_dialect_error("a**") is not None, regex_dialect_error(r"\\p{L}+") is None
+(True, True)
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from dgemma_struct.errors import GrammarError
+
+from .safety import MAX_SCHEMA_DEPTH, clip
+
+__all__ = ["WIDE", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
+           "lone_surrogate", "is_ecma_regex"]
+
+#: numbers at or past this size (as doubles) are kept away from the engine
+WIDE = float(2 ** 63)
+
+
+def is_wide_number(v: Any) -> bool:
+    """An ``int`` or ``float`` whose double value reaches ``+-2**63`` (or does not fit a double)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return abs(float(v)) >= WIDE
+    except OverflowError:
+        return True
+
+
+def has_wide_number(obj: Any, floats: bool = True) -> bool:
+    """Whether the JSON value ``obj`` holds a wide number anywhere (``floats=False``: wide ints only).
+    Iterative."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif is_wide_number(x) and (floats or isinstance(x, int)):
+            return True
+    return False
+
+
+_JSON_DIRECTIVE = re.compile(r"%json\b\s*")
+
+
+def screen_lark_json(text: str) -> None:
+    """Raise :class:`GrammarError` when a ``%json {...}`` block of a Lark grammar holds a wide number
+    (the rule of :func:`is_wide_number`), nests too deeply, or is not JSON (llguidance would be handed
+    a spec that can crash it)."""
+    if "%json" not in text:
+        return
+    dec = json.JSONDecoder()
+    for m in _JSON_DIRECTIVE.finditer(text):
+        pos = m.end()
+        if pos >= len(text) or text[pos] not in "{[tf":
+            continue
+        line = text.count("\n", 0, m.start()) + 1
+        depth = 0
+        for ch in text[pos:pos + 200_000]:  # a cheap depth bound before json's recursive reader
+            depth += ch in "{["
+            if depth > MAX_SCHEMA_DEPTH * 4:
+                raise GrammarError(f"%json block at line {line} is nested too deeply")
+        try:
+            body, _ = dec.raw_decode(text, pos)
+        except (ValueError, RecursionError) as e:
+            raise GrammarError(f"%json block at line {line} is not valid JSON: {clip(e, 200)}") from None
+        if has_wide_number(body):
+            raise GrammarError(f"%json block at line {line} holds a number beyond the 64-bit range (|v| >= 2**63), "
+                               f"which the constrained decoder cannot take; write it as a quoted literal "
+                               f"terminal instead")
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in ``text`` (it cannot be encoded as UTF-8), or None."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return e.start
+
+
+_RUST_ONLY = re.compile(r"\\x\{[0-9A-Fa-f]{1,8}\}")
+
+
+def regex_dialect_error(pattern: str) -> str | None:
+    """None when ``pattern`` parses in at least one of Python's ``re``, the ``regex`` module or
+    ECMA-262 (jsonschema-rs' ``format: regex`` check); else the first parser's message. llguidance
+    accepts some patterns none of them do (``a**``, a trailing ``\\``) and reads them as something else."""
+    first: str | None = None
+    pattern = _RUST_ONLY.sub("x", pattern)  # Rust spellings none of the three read (\x{1F600})
+    try:
+        re.compile(pattern)
+        return None
+    except Exception as e:  # noqa: BLE001 - re.error, OverflowError, RecursionError
+        first = f"{type(e).__name__}: {e}"
+    try:
+        import regex as _regex
+        _regex.compile(pattern)
+        return None
+    except ImportError:  # pragma: no cover - regex is in the lock
+        pass
+    except Exception:  # noqa: BLE001
+        pass
+    if is_ecma_regex(pattern, default=False):
+        return None
+    return first
+
+
+_ECMA = None
+
+
+def is_ecma_regex(pattern: Any, default: bool = True) -> bool:
+    """Whether ``pattern`` is an ECMA-262 regular expression (JSON Schema's ``format: "regex"``), as
+    jsonschema-rs checks it; without jsonschema-rs, Python's ``re`` decides (``default`` on doubt)."""
+    global _ECMA
+    if not isinstance(pattern, str):
+        return True
+    try:
+        import jsonschema_rs
+    except ImportError:  # pragma: no cover - jsonschema-rs is in the lock
+        try:
+            re.compile(pattern)
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+    if _ECMA is None:
+        _ECMA = jsonschema_rs.validator_for({"format": "regex"}, validate_formats=True)
+    try:
+        return bool(_ECMA.is_valid(pattern))
+    except Exception:  # noqa: BLE001
+        return default
