@@ -17,10 +17,11 @@ Example::
     torch.Size([4])
 """
 from ._backend import resolve_backend, triton_available
-from .bitmask import apply_token_bitmask_, as_bitmask_tensor, bitmask_width, pack_bool_mask, unpack_bitmask
+from .bitmask import BitmaskStaging, apply_token_bitmask_, as_bitmask_tensor, bitmask_width, pack_bool_mask, unpack_bitmask
 from .stats import MaskedStats, masked_stats
 
 __all__ = [
+    "BitmaskStaging",
     "MaskedStats",
     "apply_token_bitmask_",
     "as_bitmask_tensor",

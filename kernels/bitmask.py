@@ -21,6 +21,7 @@ __all__ = [
     "unpack_bitmask",
     "apply_token_bitmask_",
     "as_bitmask_tensor",
+    "BitmaskStaging",
 ]
 
 
@@ -85,3 +86,52 @@ def apply_token_bitmask_(
         load_triton_module().apply_token_bitmask_triton_(logits2, bm, idx)
     else:
         apply_bitmask_torch_(logits2, bm, idx)
+
+
+class BitmaskStaging:
+    """A step's bitmask rows and their logit-row indices, staged for :func:`apply_token_bitmask_`:
+    copied into one reused host buffer (pinned when the logits live on CUDA), then each sent to a
+    persistent device buffer in one non-blocking copy. Buffers grow by doubling and are kept.
+
+    Example::
+
+        >>> import numpy as np
+        >>> stage = BitmaskStaging()
+        >>> bm, idx = stage.stage([np.full((2, 2), -1, dtype=np.int32)], [3, 5], torch.device("cpu"))
+        >>> bm.shape, idx.tolist()
+        (torch.Size([2, 2]), [3, 5])
+    """
+
+    def __init__(self) -> None:
+        self._host: Optional[torch.Tensor] = None
+        self._dev: Optional[torch.Tensor] = None
+        self._idx_host: Optional[torch.Tensor] = None
+        self._idx_dev: Optional[torch.Tensor] = None
+
+    @staticmethod
+    def _grow(buf: Optional[torch.Tensor], rows: int, shape: tuple, dtype, device, pin: bool) -> torch.Tensor:
+        if buf is not None and buf.shape[0] >= rows and buf.shape[1:] == shape and buf.device == torch.device(device):
+            return buf
+        cap = max(rows, 2 * buf.shape[0] if buf is not None else 16)
+        return torch.empty((cap, *shape), dtype=dtype, device=device, pin_memory=pin)
+
+    def stage(self, pieces, index, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``pieces``: int32 numpy bitmask blocks ``[n_i, W]`` (stacked in order); ``index``: one
+        logit row per bitmask row. Returns ``(bitmask [n, W], indices [n])`` on ``device``."""
+        n, W = len(index), pieces[0].shape[1]
+        device = torch.device(device)
+        pin = device.type == "cuda" and torch.cuda.is_available()
+        self._host = self._grow(self._host, n, (W,), torch.int32, "cpu", pin)
+        self._idx_host = self._grow(self._idx_host, n, (), torch.long, "cpu", pin)
+        arr, at = self._host.numpy(), 0
+        for p in pieces:
+            arr[at:at + len(p)] = p
+            at += len(p)
+        self._idx_host.numpy()[:n] = index
+        if device.type == "cpu":
+            return self._host[:n], self._idx_host[:n]
+        self._dev = self._grow(self._dev, n, (W,), torch.int32, device, False)
+        self._idx_dev = self._grow(self._idx_dev, n, (), torch.long, device, False)
+        self._dev[:n].copy_(self._host[:n], non_blocking=True)
+        self._idx_dev[:n].copy_(self._idx_host[:n], non_blocking=True)
+        return self._dev[:n], self._idx_dev[:n]

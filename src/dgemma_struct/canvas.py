@@ -46,13 +46,12 @@ class FinishedRow:
     passes: int
 
 
-def _evict(run: Run, keep: torch.Tensor) -> None:
-    """Only the rows in ``keep`` (bool ``[B]``) stay: their cache rows, masks and state."""
-    rows = torch.nonzero(keep).squeeze(-1)
+def _evict(run: Run, kept: list[int]) -> None:
+    """Only the rows at ``kept`` stay: their cache rows, masks and state."""
+    rows = torch.tensor(kept, dtype=torch.long).to(run.sequences.device, non_blocking=True)
     run.cache.batch_select_indices(rows)
     run.sequences, run.attention_mask, run.dec_attn = run.sequences[rows], run.attention_mask[rows], run.dec_attn[rows]
     run.finished, run.passes, run.canvases_left = run.finished[rows], run.passes[rows], run.canvases_left[rows]
-    kept = rows.tolist()
     if run.generators is not None:
         run.generators = [run.generators[b] for b in kept]
     run.row_ids = [run.row_ids[b] for b in kept]
@@ -223,30 +222,32 @@ class CanvasBatch:
         encode_committed(run)                                               # 1.a
         c = start_canvas(run, canvas_index)                                 # 1.b
         for cur_step in reversed(range(1, run.settings.max_denoising_steps + 1)):  # 1.c
-            if not run.reproduce and torch.all(c.done | run.finished):
+            if not run.reproduce and all(d or f for d, f in zip(c.done_rows, c.finished_rows)):
                 break
             denoise_step(run, c, cur_step)
             if on_draft is not None:
                 on_draft(canvas_index, c.argmax, run.row_ids)
-            if torch.all(c.done):
+            if all(c.done_rows):
                 break
         commit_canvas(run, c)                                               # 1.d
         pad_after_eos(run)                                                  # 1.e
         if on_canvas is not None:
             on_canvas(canvas_index, run.sequences[:, -run.L:], run.row_ids)
         run.canvases_left -= 1
-        leaving = run.finished | (run.canvases_left <= 0)
-        if not self.evicts and not bool(leaving.all()):
-            leaving = torch.zeros_like(leaving)   # rows stay until all are done (as model.generate)
-        out = [FinishedRow(id=run.row_ids[b], tokens=run.sequences[b, run.starts[b]:], passes=int(run.passes[b]))
-               for b in torch.nonzero(leaving).squeeze(-1).tolist()]
-        if bool(leaving.all()):
+        # one host read per canvas: who leaves, and their decoder passes
+        flags, passes = torch.stack([(run.finished | (run.canvases_left <= 0)).int(), run.passes.int()]).tolist()
+        leaving = [bool(x) for x in flags]
+        if not self.evicts and not all(leaving):
+            leaving = [False] * len(leaving)   # rows stay until all are done (as model.generate)
+        out = [FinishedRow(id=run.row_ids[b], tokens=run.sequences[b, run.starts[b]:], passes=passes[b])
+               for b, gone in enumerate(leaving) if gone]
+        if all(leaving):
             if self.evicts:
                 run.hook.keep_rows([])
             self.last, self.run = run, None
             return out
         if out:
-            _evict(run, ~leaving)
+            _evict(run, [b for b, gone in enumerate(leaving) if not gone])
         next_canvas(run)                                                    # 1.f
         return out
 

@@ -9,6 +9,8 @@ from typing import Iterator
 
 import torch
 
+from dgemma_struct.profiling import model_section
+
 
 @dataclass
 class Clock:
@@ -20,7 +22,8 @@ class Clock:
     @contextmanager
     def model(self) -> Iterator[None]:
         t0 = time.perf_counter()
-        yield
+        with model_section():
+            yield
         self.model_s += time.perf_counter() - t0
 
     @contextmanager

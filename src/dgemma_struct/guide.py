@@ -36,18 +36,17 @@ import torch
 
 from dgemma_struct.budget import cap_run, free_room, steer_to_close
 from dgemma_struct.constraints import CanvasWalker
-from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.hooks import StepView
-from dgemma_struct.kernels import apply_token_bitmask_
+from dgemma_struct.kernels import BitmaskStaging, apply_token_bitmask_
 from dgemma_struct.logprobs import GuideLogprobs
-from dgemma_struct.lookahead import MaskLookahead
+from dgemma_struct.lookahead import ARMasking, MaskLookahead
 from dgemma_struct.options import check_deadline
-from dgemma_struct.rows import RowOutcome, RowState
+from dgemma_struct.rows import CanvasWrites, RowOutcome, RowState
 
 __all__ = ["ConstraintGuide"]
 
 
-class ConstraintGuide:
+class ConstraintGuide(ARMasking):
     """Constrains each batch row with its own walker (``None`` = unconstrained row).
 
     ``budgets``: per row, the most tokens it may commit, its stop token included (the canvas
@@ -84,6 +83,8 @@ class ConstraintGuide:
         self.mask_s = 0.0                            # time the loop spent in this guide
         self._canvas: tuple[int, int] | None = None  # (canvas index, canvas length); None in AR mode
         self._ahead = MaskLookahead()
+        self._w = CanvasWrites()        # the step's freezes and done rows, decided on the host
+        self._stage = BitmaskStaging()  # reused (pinned on CUDA) bitmask buffers
         self.lp = GuideLogprobs(len(self.rows), logprobs, ar_temperature) if logprobs is not None else None
 
     @property
@@ -127,11 +128,11 @@ class ConstraintGuide:
     def _pad_rest(self, view: StepView, b: int, *, done: bool = True) -> None:
         """The rest of row ``b``'s canvas is pad, frozen."""
         r, L = self.rows[b], view.frozen.shape[1]
-        view.frozen[b, r.n_frozen:] = True
-        view.frozen_tokens[b, r.n_frozen:] = self.pad
+        if r.n_frozen < L:
+            self._w.freeze(b, r.n_frozen, [self.pad] * (L - r.n_frozen))
         r.n_frozen = L
         if done:
-            view.done[b] = True
+            self._w.finish(b)
 
     def _freeze(self, view: StepView, b: int, tokens: list[int], logits: torch.Tensor | None = None) -> None:
         """Commit ``tokens`` at the frontier of row ``b`` and freeze them; after EOS, pad. ``logits``:
@@ -153,13 +154,24 @@ class ConstraintGuide:
         if self.lp is not None:
             self.lp.record(r.id, w, tokens, logits)
         w.commit(tokens)
-        view.frozen[b, f:f + len(tokens)] = True
-        view.frozen_tokens[b, f:f + len(tokens)] = torch.tensor(tokens, dtype=view.frozen_tokens.dtype)
+        self._w.freeze(b, f, list(tokens))
         r.n_frozen = f + len(tokens)
         if w.frozen_tokens and w.frozen_tokens[-1] in w.stop_token_ids:
             self._pad_rest(view, b, done=False)
         if r.n_frozen >= L:
-            view.done[b] = True
+            self._w.finish(b)
+
+    def _flush(self, view: StepView) -> None:
+        """The host's decisions go to the step's tensors (one scatter), and the host hints with them."""
+        self._w.flush(view.frozen, view.frozen_tokens, view.done)
+        view.frozen_upto = [r.n_frozen for r in self.rows]
+        view.done_rows = list(self._w.done)
+
+    @staticmethod
+    def _active(view: StepView) -> list[bool]:
+        if view.active_rows is not None:
+            return view.active_rows
+        return view.active.tolist() if view.active is not None else [True] * view.frozen.shape[0]
 
     def _apply_forced(self, view: StepView, b: int) -> None:
         if not self.force_tokens:
@@ -179,7 +191,7 @@ class ConstraintGuide:
         """Rows newly cut by their ``row_stop``."""
         new = []
         for b, r in enumerate(self.rows):
-            if r.stop is not None and not r.cut and bool(active[b]) and r.stop():
+            if r.stop is not None and not r.cut and active[b] and r.stop():
                 r.cut = True
                 new.append(b)
         return new
@@ -216,34 +228,36 @@ class ConstraintGuide:
     def start_canvas(self, view: StepView) -> None:
         t0 = time.perf_counter()
         B, L = view.frozen.shape
+        self._w.reset(B)
         for r in self.rows:
             r.n_frozen = 0
         self._canvas = (view.canvas_index, L)
-        self._check_cut(view.active)
+        act = self._active(view)
+        self._check_cut(act)
         for b, r in enumerate(self.rows):
-            if r.walker is not None and bool(view.active[b]) and not r.ended:
+            if r.walker is not None and act[b] and not r.ended:
                 self._apply_forced(view, b)
         self._cut_canvas(view)
+        self._flush(view)
         self._timed(t0)
 
     def mask_logits(self, view: StepView) -> None:
         check_deadline(self.deadline)
         t0 = time.perf_counter()
-        if self._check_cut(view.active):
+        act = self._active(view)
+        if self._check_cut(act):
             self._cut_canvas(view)
-        logits, active, draft = view.logits, view.active, view.draft
+        logits, done = view.logits, self._w.done
         B, L, V = logits.shape
         live = [b for b, r in enumerate(self.rows)
-                if r.walker is not None and r.n_frozen < L and not bool(view.done[b])
-                and (active is None or bool(active[b]))]
-        if live and self.progress:
-            view.sample_at = torch.zeros((B, L), dtype=torch.bool, device=logits.device)
-        touched = torch.zeros((B, L), dtype=torch.bool, device=logits.device) if draft is not None else None
-        index, masks = [], []
+                if r.walker is not None and r.n_frozen < L and not done[b] and act[b]]
+        # the drafts of all rows in one host read
+        drafts = (view.draft if view.draft is not None else logits.argmax(dim=-1)).tolist() if live else []
+        index, masks, spans, sample_at = [], [], [], []
         for b in live:
             r = self.rows[b]
             f = r.n_frozen
-            res = r.walker.walk((draft[b, f:] if draft is not None else logits[b, f:].argmax(dim=-1)).tolist())
+            res = r.walker.walk(drafts[b][f:])
             n = min(res.n_valid + 1, L - f)
             bm = res.bitmasks[:n]
             empty = ~bm.any(axis=1)
@@ -252,42 +266,46 @@ class ConstraintGuide:
                 continue
             if empty.any():  # a draft prefix that leads nowhere: mask before it, the commit rule checks the rest
                 bm = bm[:int(np.argmax(empty))]
-            index.extend(b * L + f + i for i in range(len(bm)))
+            index.extend(range(b * L + f, b * L + f + len(bm)))
             masks.append(bm)
-            if view.sample_at is not None:
-                view.sample_at[b, f] = True
-        if index:
-            idx = torch.tensor(index, dtype=torch.long, device=logits.device)
-            apply_token_bitmask_(logits.view(B * L, V), np.concatenate(masks, axis=0), indices=idx)
-            if touched is not None:
-                touched.view(-1)[idx] = True
+            spans.append((b, f, f + len(bm)))
+            sample_at.append((b, f))
+        if index:  # one staged copy of every row's masks, applied in place
+            bm, idx = self._stage.stage(masks, index, logits.device)
+            apply_token_bitmask_(logits.view(B * L, V), bm, indices=idx)
         if self.close_on_budget:
             for b in live:
                 r = self.rows[b]
-                if r.n_frozen >= L or bool(view.done[b]) or r.walker.is_stopped():
+                if r.n_frozen >= L or done[b] or r.walker.is_stopped():
                     continue
-                steered = steer_to_close(r, logits[b, r.n_frozen:], self._canvas_of(r), self.closing_window)
-                if steered and touched is not None:
-                    touched[b, r.n_frozen:] = True
-        view.touched = touched
+                if steer_to_close(r, logits[b, r.n_frozen:], self._canvas_of(r), self.closing_window):
+                    spans.append((b, r.n_frozen, L))
+        view.touched_spans = spans
+        view.sample_at_pos = sample_at if self.progress else None
+        self._flush(view)
         self._timed(t0)
 
     def accept(self, view: StepView) -> None:
         t0 = time.perf_counter()
         L = view.frozen.shape[1]
+        act = self._active(view)
+        acc_rows = view.accept_rows if view.accept_rows is not None else view.accept.tolist()
+        samples = None
         for b, r in enumerate(self.rows):
             f = r.n_frozen
-            if r.walker is None or f >= L or bool(view.done[b]) or not bool(view.active[b]):
+            if r.walker is None or f >= L or self._w.done[b] or not act[b]:
                 continue
             # the run of accepted positions from the frontier (the frontier itself under the progress rule)
-            acc = view.accept[b, f:].tolist()
+            acc = acc_rows[b][f:]
             if self.progress:
                 acc[0] = True
             k = next((i for i, a in enumerate(acc) if not a), len(acc))
             if k == 0:
                 self._stall(r)
                 continue
-            run = view.sample[b, f:f + k].tolist()
+            if samples is None:  # every row's sample in one host read
+                samples = view.sample.tolist()
+            run = samples[b][f:f + k]
             if self.close_on_budget:
                 run = cap_run(r, run, self._canvas_of(r), self.closing_window)
             res = r.walker.walk(run)
@@ -299,101 +317,43 @@ class ConstraintGuide:
             self._apply_forced(view, b)
             if self.renoise_invalid:
                 view.accept[b, r.n_frozen:] = False
+        self._flush(view)
         self._timed(t0)
 
     def finish_canvas(self, view: StepView, committed: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        L = view.frozen.shape[1]
-        out = committed.clone()
+        B, L = view.frozen.shape
+        act = self._active(view)
+        guided, cuts = [False] * B, []
         for b, r in enumerate(self.rows):
             w = r.walker
             if w is None:
                 continue
+            guided[b] = True
             f = r.n_frozen
-            while f < L and bool(view.active[b]) and view.logits.numel() and not w.is_stopped():
+            while f < L and act[b] and view.logits.numel() and not w.is_stopped():
                 room, plan = (free_room(r, self._canvas_of(r), self.closing_window) if self.close_on_budget
                               else (L, None))
                 if room == 0 and plan is not None:  # close now: the plan, then the stop token
                     self._freeze(view, b, plan + [w.stop_token_ids[0]], view.logits[b, f:])
                     r.closing = True
                 else:  # masked greedy fill, up to the closing window
-                    fill = w.greedy_fill(view.logits[b, f:].float(), L - f)
+                    fill = w.greedy_fill(view.logits[b, f:], L - f)
                     if fill:
                         self._freeze(view, b, fill if room == 0 else fill[:room], view.logits[b, f:])
                 if r.n_frozen == f:  # no progress: nothing allowed fits here
                     break
                 f = r.n_frozen
-            if f < L and bool(view.active[b]):  # nothing allowed any more: pad
-                view.frozen[b, f:] = True
-                view.frozen_tokens[b, f:] = self.pad
-            out[b] = torch.where(view.frozen[b], view.frozen_tokens[b], out[b])
+            if f < L and act[b]:  # nothing allowed any more: pad
+                self._w.freeze(b, f, [self.pad] * (L - f))
             if r.cut_at is not None:  # ends the row in the loop (the walker never sees this EOS)
-                out[b, r.cut_at] = w.stop_token_ids[0]
+                cuts.append((b, r.cut_at, w.stop_token_ids[0]))
                 r.cut_at = None
+        self._flush(view)
+        rows = torch.tensor(guided, dtype=torch.bool).to(view.frozen.device, non_blocking=True)
+        out = torch.where(view.frozen & rows[:, None], view.frozen_tokens, committed)
+        if cuts:
+            ix = torch.tensor(cuts, dtype=torch.long).to(out.device, non_blocking=True)
+            out.index_put_((ix[:, 0], ix[:, 1]), ix[:, 2].to(out.dtype))
         self._timed(t0)
         return out
-
-    # ------------------------------------------------------------------ AR mode
-    # ``mask_s`` counts only the time the loop itself spends (waiting for the look-ahead included).
-    def _ar_masks(self, rows: tuple[int, ...]) -> np.ndarray | None:
-        if not rows:
-            return None
-        masks = np.concatenate([self.rows[b].walker.mask()[None, :] for b in rows], axis=0)
-        if self.close_on_budget:
-            for b in rows:
-                free_room(self.rows[b], self._canvas, self.closing_window)  # warms the plan cache early
-        return masks
-
-    def _ar_rows(self, active: torch.Tensor) -> tuple[int, ...]:
-        return tuple(b for b, r in enumerate(self.rows) if r.walker is not None and bool(active[b]) and not r.ended)
-
-    def _force_eos(self, logits: torch.Tensor, b: int) -> None:
-        logits[b] = float("-inf")
-        logits[b, self.rows[b].walker.stop_token_ids[0]] = 0.0
-
-    def mask_ar_logits(self, logits: torch.Tensor, active: torch.Tensor) -> None:
-        try:
-            check_deadline(self.deadline)
-        except GenerationTimeout:
-            self.drain()
-            raise
-        t0 = time.perf_counter()
-        self._check_cut(active)
-        for b, r in enumerate(self.rows):
-            if r.ended and bool(active[b]) and r.walker is not None:
-                self._force_eos(logits, b)
-        rows = self._ar_rows(active)
-        masks = self._ahead.take(rows, self._ar_masks)
-        if rows:
-            empty = ~masks.any(axis=1)
-            if empty.any():  # nothing allowed for these rows: end them (a dead end), never NaN
-                for j in np.flatnonzero(empty):
-                    r = self.rows[rows[j]]
-                    r.dead_end = r.no_allowed = True
-                    self._force_eos(logits, rows[j])
-                keep = np.flatnonzero(~empty)
-                rows, masks = tuple(rows[j] for j in keep), masks[keep]
-        if rows:
-            apply_token_bitmask_(logits, masks, indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
-        if self.close_on_budget:
-            for b in rows:
-                steer_to_close(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window)
-        if self.lp is not None:
-            self.lp.ar_logits = logits
-        self._timed(t0)
-
-    def drain(self) -> None:
-        """Wait for a mask still being computed ahead (the AR loop may end before using it)."""
-        self._ahead.drain()
-
-    def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
-        t0 = time.perf_counter()
-        rows = self._ar_rows(active)
-        for b in rows:
-            if self.lp is not None:
-                self.lp.record_ar(b, int(tokens[b]))
-            self.rows[b].walker.commit([int(tokens[b])])
-        nxt = tuple(b for b in rows if int(tokens[b]) not in self.rows[b].walker.stop_token_ids)
-        if nxt:
-            self._ahead.submit(nxt, self._ar_masks)
-        self._timed(t0)

@@ -48,6 +48,18 @@ class StepView:
     # loop re-takes the argmax only there (``None``: the loop assumes any position may have changed)
     draft: torch.Tensor | None = None
     touched: torch.Tensor | None = None
+    # Host-side hints (plain Python, so the loop needs no host read of a device tensor). The loop
+    # sets ``active_rows`` (``active`` on the host) and ``accept_rows`` (``accept`` on the host,
+    # before ``accept`` is called). A hook may set: ``frozen_upto`` (row b's frozen positions are
+    # exactly ``0..frozen_upto[b]-1``), ``done_rows`` (``done`` on the host), ``touched_spans``
+    # (``(row, start, end)``: the only positions whose logits ``mask_logits`` changed; replaces
+    # ``touched``) and ``sample_at_pos`` (``(row, position)`` pairs; replaces ``sample_at``).
+    active_rows: list[bool] | None = None
+    accept_rows: list[list[bool]] | None = None
+    frozen_upto: list[int] | None = None
+    done_rows: list[bool] | None = None
+    touched_spans: list[tuple[int, int, int]] | None = None
+    sample_at_pos: list[tuple[int, int]] | None = None
 
 
 @runtime_checkable

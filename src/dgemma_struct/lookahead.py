@@ -11,8 +11,17 @@ Example::
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from dgemma_struct.budget import free_room, steer_to_close
+from dgemma_struct.errors import GenerationTimeout
+from dgemma_struct.kernels import apply_token_bitmask_
+from dgemma_struct.options import check_deadline
 
 MASK_WORKERS = 4
 
@@ -51,3 +60,75 @@ class MaskLookahead:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending[1].result()
+
+
+class ARMasking:
+    """The AR half of :class:`~dgemma_struct.guide.ConstraintGuide` (a mixin over its rows): one
+    mask row per sequence, computed ahead on the worker while the forward runs."""
+
+    # ``mask_s`` counts only the time the loop itself spends (waiting for the look-ahead included).
+    def _ar_masks(self, rows: tuple[int, ...]) -> np.ndarray | None:
+        if not rows:
+            return None
+        masks = np.concatenate([self.rows[b].walker.mask()[None, :] for b in rows], axis=0)
+        if self.close_on_budget:
+            for b in rows:
+                free_room(self.rows[b], self._canvas, self.closing_window)  # warms the plan cache early
+        return masks
+
+    def _ar_rows(self, active: torch.Tensor | list[bool]) -> tuple[int, ...]:
+        act = active.tolist() if isinstance(active, torch.Tensor) else active
+        return tuple(b for b, r in enumerate(self.rows) if r.walker is not None and act[b] and not r.ended)
+
+    def _force_eos(self, logits: torch.Tensor, b: int) -> None:
+        logits[b] = float("-inf")
+        logits[b, self.rows[b].walker.stop_token_ids[0]] = 0.0
+
+    def mask_ar_logits(self, logits: torch.Tensor, active: torch.Tensor) -> None:
+        try:
+            check_deadline(self.deadline)
+        except GenerationTimeout:
+            self.drain()
+            raise
+        t0 = time.perf_counter()
+        act = active.tolist()
+        self._check_cut(act)
+        for b, r in enumerate(self.rows):
+            if r.ended and act[b] and r.walker is not None:
+                self._force_eos(logits, b)
+        rows = self._ar_rows(act)
+        masks = self._ahead.take(rows, self._ar_masks)
+        if rows:
+            empty = ~masks.any(axis=1)
+            if empty.any():  # nothing allowed for these rows: end them (a dead end), never NaN
+                for j in np.flatnonzero(empty):
+                    r = self.rows[rows[j]]
+                    r.dead_end = r.no_allowed = True
+                    self._force_eos(logits, rows[j])
+                keep = np.flatnonzero(~empty)
+                rows, masks = tuple(rows[j] for j in keep), masks[keep]
+        if rows:
+            apply_token_bitmask_(logits, masks, indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
+        if self.close_on_budget:
+            for b in rows:
+                steer_to_close(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window)
+        if self.lp is not None:
+            self.lp.ar_logits = logits
+        self._timed(t0)
+
+    def drain(self) -> None:
+        """Wait for a mask still being computed ahead (the AR loop may end before using it)."""
+        self._ahead.drain()
+
+    def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        rows = self._ar_rows(active)
+        toks = tokens.tolist() if rows else []
+        for b in rows:
+            if self.lp is not None:
+                self.lp.record_ar(b, toks[b])
+            self.rows[b].walker.commit([toks[b]])
+        nxt = tuple(b for b in rows if toks[b] not in self.rows[b].walker.stop_token_ids)
+        if nxt:
+            self._ahead.submit(nxt, self._ar_masks)
+        self._timed(t0)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+import torch
+
 if TYPE_CHECKING:
     from dgemma_struct.constraints import CanvasWalker
     from dgemma_struct.results import TokenLogprob
@@ -59,3 +61,48 @@ class RowOutcome:
     closing: bool
     cut: bool = False
     logprobs: list[TokenLogprob] | None = None
+
+
+class CanvasWrites:
+    """What a hook call decides on the host for the step's tensors: positions to freeze (and their
+    tokens) and rows whose canvas is done. :meth:`flush` writes them in one transfer and one
+    scatter, instead of a small copy per commit; ``done`` stays readable on the host."""
+
+    def __init__(self) -> None:
+        self.done: list[bool] = []
+        self._rows: list[int] = []
+        self._cols: list[int] = []
+        self._tokens: list[int] = []
+        self._done_changed = False
+
+    def reset(self, n_rows: int) -> None:
+        """A new canvas of ``n_rows`` rows: nothing frozen, no row done."""
+        self.done = [False] * n_rows
+        self._rows, self._cols, self._tokens = [], [], []
+        self._done_changed = False
+
+    def freeze(self, b: int, start: int, tokens: list[int]) -> None:
+        """Row ``b``'s positions ``start, start + 1, ...`` freeze on ``tokens``."""
+        self._rows += [b] * len(tokens)
+        self._cols += range(start, start + len(tokens))
+        self._tokens += tokens
+
+    def finish(self, b: int) -> None:
+        """Row ``b``'s canvas is done."""
+        if not self.done[b]:
+            self.done[b] = self._done_changed = True
+
+    def flush(self, frozen: torch.Tensor, frozen_tokens: torch.Tensor, done: torch.Tensor) -> None:
+        """Writes what was decided since the last flush into the step's tensors."""
+        device = frozen.device
+        if self._rows:
+            ix = torch.tensor([self._rows, self._cols, self._tokens], dtype=torch.long)
+            if device.type == "cuda":
+                ix = ix.pin_memory()
+            ix = ix.to(device, non_blocking=True)
+            frozen.index_put_((ix[0], ix[1]), torch.ones((), dtype=torch.bool, device=device))
+            frozen_tokens.index_put_((ix[0], ix[1]), ix[2].to(frozen_tokens.dtype))
+            self._rows, self._cols, self._tokens = [], [], []
+        if self._done_changed:
+            done.copy_(torch.tensor(self.done, dtype=torch.bool).to(device, non_blocking=True))
+            self._done_changed = False

@@ -23,6 +23,10 @@ from typing import Sequence
 
 import torch
 
+# positions per entropy chunk, in logit elements: on CPU a chunk's two temporaries stay a few MB
+ENTROPY_CHUNK = 1 << 22
+ENTROPY_CHUNK_CUDA = 1 << 25
+
 
 @dataclass(frozen=True)
 class DiffusionSettings:
@@ -56,13 +60,20 @@ def temperature(settings: DiffusionSettings, cur_step: int) -> float:
     return settings.t_min + (settings.t_max - settings.t_min) * (cur_step / settings.max_denoising_steps)
 
 
-def _entropy(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _entropy(logits: torch.Tensor, scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     # Categorical's operations in its order, in place where it allocates: bitwise the same values
     # with two full-vocabulary temporaries instead of four (at vocab 262,144 x canvas 256 each is
-    # 268 MB, and allocating them cost more than the arithmetic)
+    # 268 MB, and allocating them cost more than the arithmetic); ``scratch``: two buffers of at
+    # least the logits' shape the temporaries are written into instead (same values)
     lse = logits.logsumexp(dim=-1, keepdim=True)
-    norm = logits - lse
-    probs = torch.softmax(norm, dim=-1)
+    if scratch is None:
+        norm = logits - lse
+        probs = torch.softmax(norm, dim=-1)
+    else:
+        n = logits.shape[0]
+        norm = torch.sub(logits, lse, out=scratch[0][:n])
+        probs = torch._softmax(norm, -1, False, out=scratch[1][:n])
     norm.clamp_(min=torch.finfo(norm.dtype).min)
     ent = -probs.mul_(norm).sum(-1)
     return ent, torch.isneginf(lse.squeeze(-1))
@@ -74,39 +85,75 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     transformers bit for bit) but NaN-free: a position whose logits are all ``-inf`` (no allowed
     token) gets entropy 0 instead of NaN, and no argument validation pass is spent."""
     ent, dead = _entropy(logits)
-    if dead.any():
-        ent = torch.where(dead, torch.zeros_like(ent), ent)
-    return ent
+    return torch.where(dead, torch.zeros_like(ent), ent)
+
+
+def entropy_chunk(logits: torch.Tensor) -> int:
+    """Positions per chunk of :func:`entropy_at`: its temporaries stay far below one canvas row."""
+    per = ENTROPY_CHUNK_CUDA if logits.is_cuda else ENTROPY_CHUNK
+    return max(1, per // max(1, logits.shape[-1]))
+
+
+def entropy_at(logits: torch.Tensor, starts: Sequence[int | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entropies of ``[B, L, V]`` logits at positions ``starts[b]..L-1`` of each row (``None``: none
+    of the row), 0 elsewhere, and the positions with no finite logit (``dead``, bool ``[B, L]``;
+    their entropy is ``log V``, the caller resets their logits: :func:`reset_dead`). Computed in
+    chunks of positions (bitwise the values of :func:`step_entropy`: every operation is per
+    position), so no temporary comes near the logits' size, and with no host read."""
+    B, L, V = logits.shape
+    flat = logits.view(B * L, V)
+    ent = torch.zeros(B * L, dtype=logits.dtype, device=logits.device)
+    dead = torch.zeros(B * L, dtype=torch.bool, device=logits.device)
+    spans: list[list[int]] = []
+    for b, s in enumerate(starts):  # runs of positions, merged across rows
+        if s is None or s >= L:
+            continue
+        if spans and spans[-1][1] == b * L + s:
+            spans[-1][1] = (b + 1) * L
+        else:
+            spans.append([b * L + s, (b + 1) * L])
+    step = entropy_chunk(logits)
+    scratch = None
+    if spans:  # two chunk-sized buffers for the whole step (far below one canvas row)
+        n = min(step, max(hi - lo for lo, hi in spans))
+        scratch = (flat.new_empty((n, V)), flat.new_empty((n, V)))
+    for lo, hi in spans:
+        for i in range(lo, hi, step):
+            j = min(hi, i + step)
+            ent[i:j], dead[i:j] = _entropy(flat[i:j], scratch)
+    ent = torch.where(dead, torch.full_like(ent, math.log(V)), ent)
+    return ent.view(B, L), dead.view(B, L)
+
+
+def reset_dead(logits: torch.Tensor, dead_rows: Sequence[Sequence[bool]]) -> None:
+    """Positions with no finite logit (host flags, ``[B][L]``) get uniform logits, in place: the
+    loop never carries an empty distribution forward."""
+    for b, row in enumerate(dead_rows):
+        for p, d in enumerate(row):
+            if d:
+                logits[b, p] = 0.0
 
 
 def step_entropy(logits: torch.Tensor) -> torch.Tensor:
     """:func:`token_entropy` for the denoising loop, which must never carry an empty distribution
     forward (the logits also feed the next step's self-conditioning): a position with no finite
     logit is reset **in place** to uniform logits (entropy ``log V``, never accepted first, never
-    NaN). Costs nothing extra when no position is empty."""
+    NaN)."""
     ent, dead = _entropy(logits)
-    if dead.any():
-        logits[dead] = 0.0
-        ent = torch.where(dead, torch.full_like(ent, math.log(logits.shape[-1])), ent)
-    return ent
+    logits.masked_fill_(dead.unsqueeze(-1), 0.0)
+    return torch.where(dead, torch.full_like(ent, math.log(logits.shape[-1])), ent)
 
 
 def step_entropy_at(logits: torch.Tensor, need: torch.Tensor) -> torch.Tensor:
     """:func:`step_entropy` computed only at the positions ``need`` (bool ``[B, L]``); 0 elsewhere.
     For a frozen (one-hot) position 0 is exactly what the full computation gives, so the constrained
-    loop skips frozen positions and rows that stopped denoising without changing any decision."""
-    if bool(need.all()):
-        return step_entropy(logits)
-    ent = torch.zeros(need.shape, dtype=logits.dtype, device=logits.device)
-    if bool(need.any()):
-        sub = logits[need]
-        e, dead = _entropy(sub)
-        if dead.any():
-            idx = need.nonzero()[dead]
-            logits[idx[:, 0], idx[:, 1]] = 0.0
-            e = torch.where(dead, torch.full_like(e, math.log(logits.shape[-1])), e)
-        ent[need] = e
-    return ent
+    loop skips frozen positions and rows that stopped denoising without changing any decision.
+    (Reads ``need`` once; the loop itself calls :func:`entropy_at` with positions it knows.)"""
+    rows = need.tolist()
+    starts = [next((p for p, x in enumerate(r) if x), None) for r in rows]
+    ent, dead = entropy_at(logits, starts)
+    reset_dead(logits, [[d and x for d, x in zip(dr, nr)] for dr, nr in zip(dead.tolist(), rows)])
+    return torch.where(need, ent, torch.zeros_like(ent))
 
 
 def dead_positions(logits: torch.Tensor) -> torch.Tensor:
@@ -125,16 +172,18 @@ def entropy_bound_accept(logits: torch.Tensor, entropy_bound: float,
 
 def random_canvas(batch_size: int, canvas_length: int, vocab_size: int, device,
                   generators: Sequence[torch.Generator | None] | None = None,
-                  rows: torch.Tensor | None = None) -> torch.Tensor:
+                  rows: torch.Tensor | Sequence[bool] | None = None) -> torch.Tensor:
     """Uniform noise tokens. With ``generators`` (one per row) each row draws from its own
-    generator, and only the rows in ``rows`` (bool ``[B]``) draw at all (the others get 0): a row's
-    draws then do not depend on which other rows share its batch."""
+    generator, and only the rows in ``rows`` (bool ``[B]``, a tensor or host flags) draw at all
+    (the others get 0): a row's draws then do not depend on which other rows share its batch."""
     if generators is None:
         return torch.randint(low=0, high=vocab_size, size=(batch_size, canvas_length), device=device)
+    if isinstance(rows, torch.Tensor):
+        rows = rows.tolist()
     out = torch.zeros((batch_size, canvas_length), dtype=torch.long, device=device)
     for b, g in enumerate(generators):
-        if rows is None or bool(rows[b]):
-            out[b] = torch.randint(low=0, high=vocab_size, size=(canvas_length,), device=device, generator=g)
+        if rows is None or rows[b]:
+            torch.randint(low=0, high=vocab_size, size=(canvas_length,), device=device, generator=g, out=out[b])
     return out
 
 
@@ -164,27 +213,43 @@ def sample_rows(logits: torch.Tensor, *, fill: torch.Tensor, where: torch.Tensor
     """Draws tokens only at the positions ``where`` (bool ``[B, L]``), each row from its own
     generator; elsewhere the result is ``fill``. ``scale`` divides the logits (the user
     temperature on top of the schedule), ``top_p`` filters them, ``greedy`` takes the argmax.
-    Positions with no finite logit draw nothing (they keep ``fill``): never NaN."""
+    Positions with no finite logit draw nothing (they keep ``fill``): never NaN. (Reads ``where``
+    once; :func:`sample_at` takes the positions from the host.)"""
+    positions = [[p for p, x in enumerate(r) if x] for r in where.tolist()]
+    return sample_at(logits, fill=fill, positions=positions, generators=generators, scale=scale, top_p=top_p,
+                     greedy=greedy)
+
+
+def sample_at(logits: torch.Tensor, *, fill: torch.Tensor, positions: Sequence[Sequence[int]],
+              generators: Sequence[torch.Generator | None], scale: float = 1.0, top_p: float = 1.0,
+              greedy: bool = False) -> torch.Tensor:
+    """:func:`sample_rows` with the positions given per row on the host (ascending): one index
+    transfer, no host read; a row draws exactly what :func:`sample_rows` draws for it."""
     out = fill.clone()
-    B = logits.shape[0]
-    for b in range(B):
-        idx = torch.nonzero(where[b], as_tuple=True)[0]
-        if idx.numel() == 0:
+    flat = [p for ps in positions for p in ps]
+    if not flat:
+        return out
+    index = torch.tensor(flat, dtype=torch.long)
+    if logits.is_cuda:
+        index = index.pin_memory().to(logits.device, non_blocking=True)
+    at = 0
+    for b, ps in enumerate(positions):
+        if not ps:
             continue
-        rows = logits[b, idx]
+        idx = index[at:at + len(ps)]
+        at += len(ps)
+        rows = logits[b].index_select(0, idx)
         live = ~torch.isneginf(rows.amax(dim=-1))
-        if not bool(live.all()):
-            idx, rows = idx[live], rows[live]
-            if idx.numel() == 0:
-                continue
+        rows.masked_fill_(~live.unsqueeze(-1), 0.0)   # an empty distribution never reaches multinomial
         if greedy:
-            out[b, idx] = rows.argmax(dim=-1)
-            continue
-        if scale != 1.0:
-            rows = rows / scale
-        rows = top_p_filter(rows, top_p)
-        probs = torch.softmax(rows, dim=-1, dtype=torch.float32)
-        out[b, idx] = torch.multinomial(probs, num_samples=1, generator=generators[b]).squeeze(-1)
+            drawn = rows.argmax(dim=-1)
+        else:
+            if scale != 1.0:
+                rows = rows / scale
+            rows = top_p_filter(rows, top_p)
+            probs = torch.softmax(rows, dim=-1, dtype=torch.float32)
+            drawn = torch.multinomial(probs, num_samples=1, generator=generators[b]).squeeze(-1)
+        out[b].index_copy_(0, idx, torch.where(live, drawn, out[b].index_select(0, idx)))
     return out
 
 

@@ -71,7 +71,7 @@ def test_progress_rule_commits_the_frontier_even_when_not_accepted(tok_runtime):
     view = _view(tok_runtime)
     guide.start_canvas(view)
     guide.mask_logits(view)
-    assert view.sample_at is not None and bool(view.sample_at[0, 0])  # the frontier is always sampled
+    assert view.sample_at_pos == [(0, 0)]  # the frontier is always sampled (host positions: no device tensor)
     view.sample = torch.tensor([[a] + [0] * (L - 1)])
     view.accept = torch.zeros(1, L, dtype=torch.bool)
     guide.accept(view)
