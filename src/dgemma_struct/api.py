@@ -174,8 +174,12 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
     seeds = _row_seeds(seed, len(prompts))
     if not isinstance(return_exceptions, bool):
         raise InvalidRequestError(f"return_exceptions must be a bool, got {return_exceptions!r}")
+    if row_stop is not None and (not isinstance(row_stop, Sequence) or isinstance(row_stop, (str, bytes))):
+        raise InvalidRequestError(f"row_stop must be a list of callables (or None), not {type(row_stop).__name__}")
     if row_stop is not None and len(row_stop) != len(prompts):
         raise InvalidRequestError(f"{len(prompts)} prompts but {len(row_stop)} row_stop entries")
+    if row_stop is not None and not all(f is None or callable(f) for f in row_stop):
+        raise InvalidRequestError("row_stop entries must be callables returning a bool, or None")
     if not prompts:
         return []
     sampling = {k: v for k, v in (("temperature", temperature), ("top_p", top_p)) if v is not None}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dgemma_struct.constraints import Constraint, compile_constraint
+from dgemma_struct.constraints.length_bound import min_tokens_for
 from dgemma_struct.constraints.thinking import with_thinking
 from dgemma_struct.errors import InvalidRequestError, LengthError
 from dgemma_struct.options import GenerateOptions, check_format, deadline_after
@@ -72,7 +73,9 @@ def prepare(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, opts: G
         raise InvalidRequestError("spec is None: pass a pydantic model, a JSON Schema, Regex, Grammar or Choice")
     constraint = constraint_for(spec, rt, strict=opts.strict, whitespace=opts.whitespace, separators=opts.separators)
     constraint, prompt = apply_thinking(constraint, prompt, rt, opts.thinking, opts.max_thinking_tokens)
-    need = min_length_tokens(constraint)
+    need = max(min_tokens_for(constraint), 0)  # from the schema's bounds: milliseconds, before any walking
+    if need <= opts.max_new_tokens:
+        need = min_length_tokens(constraint)
     if need > opts.max_new_tokens:
         raise LengthError(f"every output of this constraint needs at least {need} tokens, "
                           f"but max_new_tokens={opts.max_new_tokens}", partial_text="",

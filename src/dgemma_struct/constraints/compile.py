@@ -21,7 +21,7 @@ from dgemma_struct.errors import ConstraintError, SchemaError
 
 from .constraint import Constraint, ConstraintKind, JsonValidator
 from .grammars import compile_choice, compile_grammar, compile_regex
-from .json_schema import JsonPlan, make_validator, prepare_json_schema
+from .json_schema import JsonPlan, json_options, make_validator, prepare_json_schema
 from .safety import check_schema_input, clip, parser_limits
 from .specs import Choice, Grammar, JsonSchema, Regex
 from .tokenizer import TokenizerInfo, get_tokenizer_info
@@ -193,6 +193,7 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
     (LRU bounded by count and by estimated bytes, ``compile_constraint.cache_info()``)."""
     if tokenizer is None:
         raise ConstraintError("compile_constraint needs a tokenizer")
+    json_options(whitespace, separators)  # a bad whitespace / separators: InvalidRequestError, before any work
     info = get_tokenizer_info(tokenizer, stop_token_ids, vocab_size)
     kind, payload, adapter, key = _normalise(spec, keyed=use_cache)
     ck = (key, info.key, strict, whitespace, tuple(separators) if separators else None)

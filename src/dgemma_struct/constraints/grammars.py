@@ -191,6 +191,17 @@ def compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
                       description="gbnf grammar" if gbnf else "lark grammar", template=m)
 
 
+#: choice lists up to this many options compile to one Lark rule; longer ones to one regex lexeme
+#: (llguidance's parser refuses a row of more than 2,000 items: "Current row has 2002 items")
+CHOICE_RULE_LIMIT = 1000
+_RX_META = frozenset("\\.+*?()|[]{}^$#&-~")
+
+
+def _rx_escape(text: str) -> str:
+    """``text`` as a literal in llguidance's (Rust) regex syntax."""
+    return "".join("\\" + ch if ch in _RX_META else ch for ch in text)
+
+
 def compile_choice(spec: Choice, info: TokenizerInfo) -> Constraint:
     ch = spec.choices
     if not isinstance(ch, (list, tuple)):
@@ -210,9 +221,11 @@ def compile_choice(spec: Choice, info: TokenizerInfo) -> Constraint:
         except UnicodeEncodeError:
             raise ChoiceError(f"choice {clip(repr(c), 80)} is not valid Unicode (lone surrogate)") from None
     uniq = list(dict.fromkeys(ch))
-    lark_text = "start: " + " | ".join(json.dumps(c) for c in uniq)
     with engine_guard("compiling the choices"):
-        g = llg.LLMatcher.grammar_from_lark(lark_text)
+        if len(uniq) <= CHOICE_RULE_LIMIT:
+            g = llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in uniq))
+        else:  # one lexeme (a regex alternation): the Earley row limit (2,000 items) does not apply
+            g = llg.LLMatcher.grammar_from_regex("(" + "|".join(_rx_escape(c) for c in uniq) + ")")
         m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
         err = m.get_error() if m.is_error() else ""
     if err:
