@@ -1,8 +1,10 @@
 """Batched constrained diffusion vs one row at a time, on the embedded model: same outputs?
 repairs per row? valid outputs per second? For this tree and (``--old-src``) an older one, in the
-same run. Not a timed test; numbers go to ``docs/benchmarks.md``.
+same run. Not a timed test. ``--out X.json`` also writes ``X.md`` (the table docs/benchmarks.md renders
+through scripts/render_docs.py).
 
-    git worktree add --detach /tmp/old <commit>
+    OMP_NUM_THREADS=1 python benchmarks/batch_rows.py --n 16 --batch 8 --out docs/results/batch_rows.json
+    git worktree add --detach /tmp/old <commit>       # optional: an older tree as a "before" column
     OMP_NUM_THREADS=1 python benchmarks/batch_rows.py --old-src /tmp/old/src --n 16 --batch 8
 """
 from __future__ import annotations
@@ -70,6 +72,24 @@ def main() -> None:
               f"{r['valid_per_s_batch']:.2f}")
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1))
+        Path(a.out).with_suffix(".md").write_text(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    """The results as a table, one column per tree (``before`` when measured, ``after``)."""
+    cols = list(results)
+    first = results[cols[0]]
+    rows = [("batched output == single-row output", lambda r: f"{r['same_text']}/{r['n']}"),
+            ("repairs, single rows / batched", lambda r: f"{r['repairs_single']} / {r['repairs_batch']}"),
+            ("valid outputs, single rows / batched", lambda r: f"{r['valid_single']} / {r['valid_batch']}"),
+            (f"valid outputs/s, single rows / batched (B={first['batch']})",
+             lambda r: f"{r['valid_per_s_single']:.2f} / {r['valid_per_s_batch']:.2f}")]
+    lines = ["# Batched constrained canvases vs one row at a time (benchmarks/batch_rows.py)", "",
+             f"{first['n']} held-out JSON prompts on the embedded model, seed 0, one torch thread; one at a time vs "
+             f"`generate_batch` in batches of {first['batch']}.", "",
+             "| | " + " | ".join(cols) + " |", "|---|" + "--:|" * len(cols)]
+    lines += [f"| {label} | " + " | ".join(f(results[c]) for c in cols) + " |" for label, f in rows]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def held_out(n_json: int, n_short: int, seed: int, train_seed: int, train_size: 
     overlap = {"json": 0, "short": 0}
     for e in pool:
         if e["prompt"] in train_prompts:
-            overlap[e["kind"]] += 1
+            overlap[e["kind"]] = overlap.get(e["kind"], 0) + 1   # also tool and thinking examples
             if e["kind"] == "json":
                 continue  # JSON prompts must be unseen; short ones (few distinct sentences) are kept
         by_fam.setdefault((e["kind"], e["family"]), []).append(e)

@@ -1,7 +1,15 @@
 """Shared test set-up: one torch thread (two threads on a loaded 2-core box ran up to 70x
 slower), Triton's interpreter on CPU-only machines (must be set before any @triton.jit module is
-imported), and no hub access."""
+imported), and no hub access.
+
+Gemma 4 tokenizer: ``gemma4_tokenizer`` is the rebuilt tokenizer from ``../shared`` when it sits next to
+the clone, else a synthetic Gemma-4-shaped one (262,144 pieces, the real control-token ids; built in
+seconds, see :func:`dgemma_struct.testing.write_gemma4_shaped_tokenizer`), so a bare clone runs every
+test that needs only the shape. ``real_gemma4_tokenizer`` is for the few tests that need the real
+vocabulary's token splits: it skips, saying so, when ``../shared`` is absent.
+``DGEMMA_STRUCT_NO_SHARED=1`` hides ``../shared`` (a bare clone, without cloning)."""
 import os
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,16 +25,38 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 
-GEMMA4_DIR = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gemma4-tokenizer"
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+GEMMA4_DIR = SHARED_DATA / "gemma4-tokenizer"
+NO_SHARED_REASON = "needs the real Gemma 4 vocabulary in ../shared/data/gemma4-tokenizer, which is not next to this clone"
+
+
+def shared_available() -> bool:
+    """Whether ``../shared/data`` is in view (``DGEMMA_STRUCT_NO_SHARED=1`` hides it)."""
+    return SHARED_DATA.is_dir() and os.environ.get("DGEMMA_STRUCT_NO_SHARED", "") in ("", "0")
+
+
+def gemma4_tokenizer_dir() -> Path:
+    """The rebuilt tokenizer's folder in ../shared when in view, else the synthetic one (built once per process)."""
+    if shared_available() and (GEMMA4_DIR / "tokenizer.json").exists():
+        return GEMMA4_DIR
+    from dgemma_struct.testing import gemma4_shaped_tokenizer_dir
+
+    return Path(gemma4_shaped_tokenizer_dir())
 
 
 @pytest.fixture(scope="session")
 def gemma4_tokenizer():
-    """The rebuilt Gemma 4 tokenizer from ../shared (in CI a missing copy fails; it never skips there)."""
-    if not (GEMMA4_DIR / "tokenizer.json").exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{GEMMA4_DIR} is missing in CI")
-        pytest.skip("../shared/data/gemma4-tokenizer is not next to this clone")
+    """A Gemma-4-shaped tokenizer: the real rebuild from ../shared, else the synthetic one."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gemma4_tokenizer_dir()))
+
+
+@pytest.fixture(scope="session")
+def real_gemma4_tokenizer():
+    """The rebuilt Gemma 4 tokenizer from ../shared; skips (with the reason) when it is not in view."""
+    if not (shared_available() and (GEMMA4_DIR / "tokenizer.json").exists()):
+        pytest.skip(NO_SHARED_REASON)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(GEMMA4_DIR))

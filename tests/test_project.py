@@ -23,8 +23,9 @@ def test_readme_has_exactly_two_quick_start_commands():
     install_demo, tests = cmds
     assert install_demo.startswith("pip install torch==2.13.0") and "dgemma-struct demo" in install_demo
     assert tests.startswith("pip install torch==2.13.0") and "pytest" in tests
-    for cmd in cmds:  # both install with the lock
-        assert '-c constraints.txt -e ".[dev]"' in cmd
+    # the first installs only the package and its locked dependencies; the second adds the test extras
+    assert "-c constraints.txt -e . " in install_demo and "[" not in install_demo
+    assert '-c constraints.txt -e ".[dev]"' in tests
 
 
 def test_ci_runs_the_readme_test_command():
@@ -38,6 +39,11 @@ def test_ci_runs_the_readme_test_command():
     # ... inside a brand-new venv without system site-packages, created before the command runs
     body = ci[ci.index("python3 -m venv"):]
     assert "--system-site-packages" not in ci and body.index("activate") < body.index('bash -c "$cmd"')
+    # ... first in a bare clone with no ../shared beside it, then in this checkout
+    runs = [line.strip() for line in body.splitlines() if 'bash -c "$cmd"' in line and not line.startswith("#")]
+    assert runs == ['(cd "$tmp/bare" && test ! -e ../shared && bash -c "$cmd")', 'bash -c "$cmd"']
+    assert body.index('git clone -q . "$tmp/bare"') < body.index(runs[0])
+    assert 'tmp="$(mktemp -d)"' in ci   # a fresh folder: $tmp/shared does not exist
 
 
 def _lock() -> dict[str, str]:

@@ -217,6 +217,158 @@ def gemma3_style_tokenizer(vocab_size: int = 400, texts: Sequence[str] | None = 
                                    unk_token="<unk>", additional_special_tokens=specials[3:5])
 
 
+# ---------------------------------------------------------------------------- a Gemma-4-shaped tokenizer
+GEMMA4_CONTROL_IDS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>", 46: "<|tool>", 47: "<tool|>",
+                      48: "<|tool_call>", 49: "<tool_call|>", 50: "<|tool_response>", 51: "<tool_response|>",
+                      52: '<|"|>', 98: "<|think|>", 100: "<|channel>", 101: "<channel|>", 105: "<|turn>",
+                      106: "<turn|>", 255999: "<|image>", 256000: "<|audio>", 258880: "<|image|>",
+                      258881: "<|audio|>", 258882: "<image|>", 258883: "<audio|>", 258884: "<|video|>"}
+GEMMA4_VOCAB_SIZE = 262_144
+_SPACE_ID = 236_743   # "▁", followed by the single characters, as in Gemma 4's vocabulary
+_G4_CONFIG = {"backend": "tokenizers", "tokenizer_class": "GemmaTokenizer", "padding_side": "left",
+              "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+              "mask_token": "<mask>", "sot_token": "<|turn>", "eot_token": "<turn|>", "soc_token": "<|channel>",
+              "eoc_token": "<channel|>", "think_token": "<|think|>", "std_token": "<|tool>", "etd_token": "<tool|>",
+              "stc_token": "<|tool_call>", "etc_token": "<tool_call|>", "str_token": "<|tool_response>",
+              "etr_token": "<tool_response|>", "escape_token": '<|"|>', "boi_token": "<|image>",
+              "eoi_token": "<image|>", "image_token": "<|image|>", "boa_token": "<|audio>", "eoa_token": "<audio|>",
+              "audio_token": "<|audio|>", "extra_special_tokens": ["<|video|>"]}
+
+
+_G4_WORDS = ("call add GetWeather get_weather weather city Oslo Paris London name age email address phone date "
+             "time event guests order items price total count tags skills person employee booking contact "
+             "thought model user system declaration description parameters properties required type string "
+             "integer number boolean object array enum true false null The quick brown fox jumps over the lazy dog "
+             "Return a JSON object with fields Extract Convert answer yes no hello world value result search query")
+
+
+def _trained_merges(chars: list[str]) -> tuple[list[str], list[list[str]]]:
+    """Pieces and merges of a small SentencePiece-style BPE (``▁`` word starts, digits single) learned
+    from the project's corpus without control-token spellings: common words become one or two pieces."""
+    import json
+
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from dgemma_struct.training.corpus import make_corpus
+
+    texts = [_G4_WORDS] * 20
+    for e in make_corpus(1500, seed=5):
+        text = e["prompt"] + " " + e["answer"]
+        for t in GEMMA4_CONTROL_IDS.values():
+            text = text.replace(t, " ")
+        texts.append(text)
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex("▁"), "merged_with_next"),
+                                                 pre_tokenizers.Digits(individual_digits=True)])
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=6000, show_progress=False, initial_alphabet=chars))
+    model = json.loads(tok.to_str())["model"]
+    merges = [m.split(" ", 1) if isinstance(m, str) else list(m) for m in model["merges"]]
+    return sorted(model["vocab"], key=model["vocab"].get), merges
+
+
+def _gemma4_pieces() -> tuple[list[str], list[list[str]]]:
+    """Vocabulary (index = id) and merges of the synthetic Gemma 4 tokenizer: control tokens,
+    newline and space runs and ``<0xNN>`` byte pieces at Gemma 4's ids, single characters from
+    id 236,743 (``▁`` first), learned pieces (:func:`_trained_merges`) and then generated letter
+    n-grams (lower merge priority) in between; digits stay single, as in Gemma."""
+    import string
+
+    vocab: list = [None] * GEMMA4_VOCAB_SIZE
+    for i, t in GEMMA4_CONTROL_IDS.items():
+        vocab[i] = t
+    vocab[5] = "[multimodal]"
+    for k in range(31):
+        vocab[107 + k], vocab[138 + k] = "\n" * (k + 1), "▁" * (k + 2)
+    for b in range(256):
+        vocab[238 + b] = f"<0x{b:02X}>"
+    chars = ["▁"] + list(string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation)
+    chars += list("\téèàüöäçñ–—’“”…°€£•")
+    vocab[_SPACE_ID:_SPACE_ID + len(chars)] = chars
+    seen = set(vocab)
+    learned, merges = _trained_merges(chars)
+    pieces = [p for p in learned if p not in seen]
+    seen.update(pieces)
+    merges += [[a, b] for a in '{}[]":,▁' for b in '{}[]":,▁' if a + b not in seen]
+    pieces += [a + b for a, b in merges if a + b not in seen]
+    seen.update(pieces)
+    heads, lower = ["▁"] + list(string.ascii_letters), string.ascii_lowercase
+    free = sum(1 for i in range(494, _SPACE_ID) if vocab[i] is None)
+    level = [a for a in heads]
+    while len(pieces) < free:
+        nxt = []
+        for p in level:
+            for c in lower:
+                if len(pieces) == free:
+                    break
+                nxt.append(p + c)
+                if p + c not in seen:
+                    seen.add(p + c)
+                    merges.append([p, c])
+                    pieces.append(p + c)
+        level = nxt
+    slots = iter(i for i in range(494, _SPACE_ID) if vocab[i] is None)
+    for piece in pieces:
+        vocab[next(slots)] = piece
+    unused = itertools.count()
+    for i, t in enumerate(vocab):
+        if t is None:
+            vocab[i] = f"<unused{next(unused)}>"
+    runs = [[c * k, c] for c in ("\n", "▁") for k in range(1, 32) if (c, k) != ("\n", 31)]
+    return vocab, list({(a, b): [a, b] for a, b in runs + merges}.values())
+
+
+def write_gemma4_shaped_tokenizer(out_dir: Any) -> Any:
+    """Write a synthetic Gemma-4-shaped tokenizer into ``out_dir`` and return the path: 262,144
+    SentencePiece-style BPE pieces with ``<0xNN>`` byte fallback (any text encodes), Gemma 4's
+    control tokens at their real ids, Gemma 4's ``tokenizer_config.json`` and the DiffusionGemma chat
+    template shipped with the embedded model. Enough for shape, stop-set, control-token and mask tests;
+    token splits differ from the real vocabulary. Takes a few seconds."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from dgemma_struct.runtime import EMBEDDED_DIR
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab, merges = _gemma4_pieces()
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i, t in sorted(GEMMA4_CONTROL_IDS.items())]
+    bos = {"SpecialToken": {"id": "<bos>", "type_id": 0}}
+    spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+            "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+            "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious",
+                              "invert": False},
+            "post_processor": {"type": "TemplateProcessing", "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+                               "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, dict(bos, SpecialToken={
+                                   "id": "<bos>", "type_id": 1}), {"Sequence": {"id": "B", "type_id": 1}}],
+                               "special_tokens": {"<bos>": {"id": "<bos>", "ids": [2], "tokens": ["<bos>"]}}},
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"},
+                {"type": "Fuse"}]},
+            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                      "vocab": {t: i for i, t in enumerate(vocab)}, "merges": merges}}
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    (out / "tokenizer_config.json").write_text(json.dumps(_G4_CONFIG, indent=1))
+    shutil.copyfile(EMBEDDED_DIR / "chat_template.jinja", out / "chat_template.jinja")
+    return out
+
+
+_G4_DIRS: dict = {}
+
+
+def gemma4_shaped_tokenizer_dir() -> Any:
+    """:func:`write_gemma4_shaped_tokenizer` into a temporary folder, once per process (later calls
+    return the same folder)."""
+    import tempfile
+
+    if "dir" not in _G4_DIRS:
+        _G4_DIRS["dir"] = write_gemma4_shaped_tokenizer(tempfile.mkdtemp(prefix="gemma4-shaped-"))
+    return _G4_DIRS["dir"]
+
+
 def embedded_model_available() -> bool:
     from dgemma_struct.runtime import EMBEDDED_DIR
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -39,4 +40,5 @@ def hf_tok():
 def data_dir():
     """``../shared/data`` when it sits next to the checkout, else the bundled fixtures: never a skip."""
     shared = SHARED.resolve()
-    return shared if shared.is_dir() else BUNDLED
+    hidden = os.environ.get("DGEMMA_STRUCT_NO_SHARED", "") not in ("", "0")   # see tests/conftest.py
+    return shared if shared.is_dir() and not hidden else BUNDLED

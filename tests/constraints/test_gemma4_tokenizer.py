@@ -75,3 +75,35 @@ def test_special_spellings_are_text(info):
     assert c.matches(text)
     assert c.validate_text(text).value == {"s": "before <eos> and <turn|> after"}
     assert compile_constraint(Regex(r"<eos>"), tokenizer=info).matches("<eos>")
+
+
+def test_synthetic_tokenizer_has_the_real_control_tokens(real_gemma4_tokenizer):
+    """The synthetic Gemma-4-shaped tokenizer (the stand-in on a bare clone) agrees with the rebuilt
+    real one on size, every added control token's id and flags, the chat template's output shape and
+    the tokenizer_config's special-token names. Needs ../shared: skips, saying so, without it."""
+    from transformers import AutoTokenizer
+
+    from dgemma_struct.testing import gemma4_shaped_tokenizer_dir
+
+    real = real_gemma4_tokenizer
+    synth = AutoTokenizer.from_pretrained(str(gemma4_shaped_tokenizer_dir()))
+    assert len(synth) == len(real) == 262_144
+    assert {i: t.content for i, t in synth.added_tokens_decoder.items()} == \
+        {i: t.content for i, t in real.added_tokens_decoder.items()}
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        assert getattr(synth, name) == getattr(real, name), name
+    for i in [107, 108, 138, 236743] + list(range(238, 494, 17)):   # newline / space runs, "▁", byte pieces
+        assert synth.convert_ids_to_tokens(i) == real.convert_ids_to_tokens(i), i
+    msgs = [{"role": "user", "content": "hi"}]
+    rendered = [t.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) for t in (synth, real)]
+    assert rendered[0] == rendered[1]
+    text = "Weather in Oslo: {\"temp\": 3}\n\n"
+    assert synth.decode(synth.encode(text, add_special_tokens=False)) == text
+
+
+def test_real_vocabulary_token_splits(real_gemma4_tokenizer):
+    """Exact splits of the real rebuilt vocabulary (what the synthetic one does not reproduce)."""
+    tok = real_gemma4_tokenizer
+    assert tok.convert_ids_to_tokens(tok.encode("The quick brown fox", add_special_tokens=False)) == \
+        ["The", "▁quick", "▁brown", "▁fox"]
+    assert tok.encode("12", add_special_tokens=False) == [236770, 236778]   # digits one by one
