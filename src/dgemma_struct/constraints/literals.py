@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from typing import Any
 
 from dgemma_struct.errors import GrammarError
@@ -106,7 +107,9 @@ def regex_dialect_error(pattern: str) -> str | None:
     first: str | None = None
     pattern = _RUST_ONLY.sub("x", pattern)  # Rust spellings none of the three read (\x{1F600})
     try:
-        re.compile(pattern)
+        with warnings.catch_warnings():  # "possible set intersection": Rust syntax, read by re as a set
+            warnings.simplefilter("ignore")
+            re.compile(pattern)
         return None
     except Exception as e:  # noqa: BLE001 - re.error, OverflowError, RecursionError
         first = f"{type(e).__name__}: {e}"
