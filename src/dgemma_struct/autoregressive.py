@@ -52,7 +52,7 @@ def autoregressive_loop(model, input_ids: torch.Tensor, attention_mask: torch.Te
     new_ids = input_ids
     pos = torch.arange(0, cur_len, dtype=torch.int32, device=device).unsqueeze(0)
     generated = []
-    clock = Clock()
+    clock = Clock(cuda=device.type == "cuda")
     pad = pad_token_id if pad_token_id is not None else 0
     for _ in range(max_new_tokens):
         with clock.model():
@@ -102,7 +102,7 @@ class ARBatch:
         self.hook = hook if hook is not None else NullHook()
         self.temperature = temperature
         self.top_p = top_p
-        self.clock = Clock()
+        self.clock = Clock(cuda=getattr(model, "device", torch.device("cpu")).type == "cuda")
         self._reset()
         self._next_id = 0
 

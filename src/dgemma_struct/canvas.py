@@ -132,7 +132,7 @@ class CanvasBatch:
             dec_attn=torch.nn.functional.pad(attention_mask, (0, L), value=True),
             dec_pos=torch.arange(cur_len, cur_len + L, dtype=torch.int32, device=device).unsqueeze(0),
             cur_len=cur_len, sequences=input_ids, finished=torch.zeros(B, dtype=torch.bool, device=device),
-            passes=torch.zeros(B, dtype=torch.int, device=device), clock=Clock(),
+            passes=torch.zeros(B, dtype=torch.int, device=device), clock=Clock(cuda=device.type == "cuda"),
             stopper=StableAndConfident(self.settings.stability_threshold, self.settings.confidence_threshold),
             row_ids=list(range(self._next_id, self._next_id + B)), starts=[cur_len] * B,
             canvases_left=torch.tensor(list(canvases), dtype=torch.int, device=device))

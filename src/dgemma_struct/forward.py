@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -12,25 +11,56 @@ import torch
 from dgemma_struct.profiling import model_section
 
 
-@dataclass
 class Clock:
-    """Seconds spent in the model's forward passes and in the hook (with the loop's work for it)."""
+    """Seconds spent in the model's forward passes (``model_s``) and in the hook, with the loop's
+    work for it (``hook_s``). On CPU (or with ``cuda=False``) host ``perf_counter`` time; with
+    ``cuda=True`` each section is timed by a pair of CUDA events on the current stream (the work
+    the section queued, not its launches), read -- with one wait for the last event -- only when
+    ``model_s`` / ``hook_s`` is asked for."""
 
-    model_s: float = 0.0
-    hook_s: float = 0.0
+    def __init__(self, cuda: bool = False) -> None:
+        self.cuda = bool(cuda) and torch.cuda.is_available()
+        self._s = {"model": 0.0, "hook": 0.0}
+        self._events: dict[str, list] = {"model": [], "hook": []}
+
+    def _total(self, kind: str) -> float:
+        pending = self._events[kind]
+        if pending:
+            pending[-1][1].synchronize()
+            self._s[kind] += sum(a.elapsed_time(b) for a, b in pending) / 1e3
+            pending.clear()
+        return self._s[kind]
+
+    @property
+    def model_s(self) -> float:
+        return self._total("model")
+
+    @property
+    def hook_s(self) -> float:
+        return self._total("hook")
+
+    @contextmanager
+    def _section(self, kind: str) -> Iterator[None]:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events[kind].append((start, end))
+            return
+        t0 = time.perf_counter()
+        yield
+        self._s[kind] += time.perf_counter() - t0
 
     @contextmanager
     def model(self) -> Iterator[None]:
-        t0 = time.perf_counter()
-        with model_section():
+        with model_section(), self._section("model"):
             yield
-        self.model_s += time.perf_counter() - t0
 
     @contextmanager
     def hook(self) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        self.hook_s += time.perf_counter() - t0
+        with self._section("hook"):
+            yield
 
 
 def encode(model, new_ids: torch.Tensor, attention_mask: torch.Tensor, cache, position_ids: torch.Tensor):
