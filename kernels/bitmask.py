@@ -107,6 +107,7 @@ class BitmaskStaging:
         self._dev: Optional[torch.Tensor] = None
         self._idx_host: Optional[torch.Tensor] = None
         self._idx_dev: Optional[torch.Tensor] = None
+        self._np: tuple = (None, None)   # numpy views of the two host buffers (made when they grow)
 
     @staticmethod
     def _grow(buf: Optional[torch.Tensor], rows: int, shape: tuple, dtype, device, pin: bool) -> torch.Tensor:
@@ -121,13 +122,16 @@ class BitmaskStaging:
         n, W = len(index), pieces[0].shape[1]
         device = torch.device(device)
         pin = device.type == "cuda" and torch.cuda.is_available()
-        self._host = self._grow(self._host, n, (W,), torch.int32, "cpu", pin)
-        self._idx_host = self._grow(self._idx_host, n, (), torch.long, "cpu", pin)
-        arr, at = self._host.numpy(), 0
+        host = self._grow(self._host, n, (W,), torch.int32, "cpu", pin)
+        idx_host = self._grow(self._idx_host, n, (), torch.long, "cpu", pin)
+        if host is not self._host or idx_host is not self._idx_host:
+            self._host, self._idx_host = host, idx_host
+            self._np = (host.numpy(), idx_host.numpy())
+        arr, at = self._np[0], 0
         for p in pieces:
             arr[at:at + len(p)] = p
             at += len(p)
-        self._idx_host.numpy()[:n] = index
+        self._np[1][:n] = index
         if device.type == "cpu":
             return self._host[:n], self._idx_host[:n]
         self._dev = self._grow(self._dev, n, (W,), torch.int32, device, False)
