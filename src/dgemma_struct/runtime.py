@@ -40,6 +40,12 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
 
 
+def _line(err: BaseException) -> str:
+    """An exception's message on one line (transformers' load errors span several), at most 500 chars."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
 def resolve_device(device: "str | torch.device | None" = "auto") -> torch.device:
     """``"auto"`` (or None): CUDA when available, else the CPU; ``"cpu"``, ``"cuda"``, ``"cuda:1"``
     or a :class:`torch.device`. Raises :class:`ModelLoadError` (one line) for an unknown device, CUDA
@@ -127,7 +133,7 @@ class DiffusionRuntime:
         try:
             config = AutoConfig.from_pretrained(str(path_or_id), local_files_only=lfo)
         except Exception as err:  # noqa: BLE001 - transformers raises several types here
-            raise ModelLoadError(f"cannot load a config from {path_or_id!r}: {err}") from err
+            raise ModelLoadError(f"cannot load a config from {path_or_id!r}: {_line(err)}") from err
         if getattr(config, "model_type", None) != "diffusion_gemma":
             raise ModelLoadError(f"{path_or_id!r} is a {getattr(config, 'model_type', '?')!r} checkpoint, "
                                  "not a DiffusionGemma one (model_type 'diffusion_gemma')")
@@ -136,7 +142,7 @@ class DiffusionRuntime:
             tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), local_files_only=lfo)
             model = model.to(dev)
         except Exception as err:  # noqa: BLE001
-            raise ModelLoadError(f"cannot load {path_or_id!r} on {dev} as {dt}: {err}".splitlines()[0]) from err
+            raise ModelLoadError(f"cannot load {path_or_id!r} on {dev} as {dt}: {_line(err)}") from err
         return cls(model, tokenizer, name=path.name if local else str(path_or_id))
 
     @classmethod
