@@ -95,6 +95,7 @@ def test_metrics_count_requests_rows_and_latencies(served):
     assert m[("dgemma_struct_mode_choices_total", (("mode", "diffusion"),))] >= 2
     assert sum(v for (n, _), v in m.items() if n == "dgemma_struct_compile_cache_total") >= 2
     for gauge in ("dgemma_struct_queue_depth", "dgemma_struct_running_rows", "vllm:num_requests_waiting",
+                  "vllm:gpu_cache_usage_perc", "dgemma_struct_batch_utilization",
                   "dgemma_struct_ready", "dgemma_struct_repairs_total", "dgemma_struct_ar_fallbacks_total"):
         assert (gauge, ()) in m, gauge
     assert m[("dgemma_struct_ready", ())] == 1.0

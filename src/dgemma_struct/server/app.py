@@ -59,7 +59,7 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
         rt = runtime if runtime is not None else await asyncio.to_thread(load_runtime, config.model, config.device, config.dtype)
         state = ServerState(rt, config, metrics=metrics, verdicts=verdicts)
         state.start()
-        metrics.bind(lambda: state.batcher.queue_depth, lambda: state.batcher.running_rows)
+        metrics.bind(lambda: state.batcher.queue_depth, lambda: state.batcher.running_rows, config.max_batch_size)
         holder["state"] = state
         app.state.dgemma = state
         lifecycle.loaded = True

@@ -5,8 +5,9 @@ What is exported (prefix ``dgemma_struct_``): the queue depth and running rows (
 scraped), requests by status and error code, latency histograms (time in the queue, constraint
 compile, generation), tokens per forward, repairs, AR fallbacks, compile cache hits, remembered
 compile verdicts, mode choices, readiness and draining. ``vllm:num_requests_waiting`` and
-``vllm:num_requests_running`` repeat the two gauges under the names the Kubernetes
-inference-gateway's endpoint picker reads by default (see docs/scale_out.md).
+``vllm:num_requests_running`` repeat the two gauges, and ``vllm:gpu_cache_usage_perc`` the batch
+utilization (running rows / ``max_batch_size``), under the names the Kubernetes inference
+gateway's endpoint picker reads by default (see docs/scale_out.md).
 
 Example::
 
@@ -39,6 +40,9 @@ class Metrics:
                                    registry=r)
         self.running_alias = Gauge("vllm:num_requests_running", "= dgemma_struct_running_rows (gateway name)",
                                    registry=r)
+        self.utilization = Gauge(p + "batch_utilization", "running rows / max_batch_size (0..1)", registry=r)
+        self.utilization_alias = Gauge("vllm:gpu_cache_usage_perc", "= dgemma_struct_batch_utilization: the "
+                                       "capacity signal the gateway reads as KV-cache use (0..1)", registry=r)
         self.in_flight = Gauge(p + "requests_in_flight", "HTTP requests being answered", registry=r)
         self.ready = Gauge(p + "ready", "1 when /health/ready answers 200", registry=r)
         self.draining = Gauge(p + "draining", "1 after SIGTERM (no new work is admitted)", registry=r)
@@ -63,10 +67,14 @@ class Metrics:
                                     "compile verdict", registry=r)
         self.warmup_seconds = Gauge(p + "warmup_seconds", "duration of the start-up warm-up generation", registry=r)
 
-    def bind(self, queue_depth: Callable[[], float], running_rows: Callable[[], float]) -> None:
-        """Read the two load gauges from the batcher whenever the endpoint is scraped."""
+    def bind(self, queue_depth: Callable[[], float], running_rows: Callable[[], float],
+             max_batch_size: int = 1) -> None:
+        """Read the load gauges from the batcher whenever the endpoint is scraped."""
+        def used() -> float:
+            return min(1.0, running_rows() / max(1, max_batch_size))
         for g, fn in ((self.queue_depth, queue_depth), (self.waiting_alias, queue_depth),
-                      (self.running_rows, running_rows), (self.running_alias, running_rows)):
+                      (self.running_rows, running_rows), (self.running_alias, running_rows),
+                      (self.utilization, used), (self.utilization_alias, used)):
             g.set_function(fn)
 
     def request(self, status: int, code: str | None) -> None:
