@@ -63,7 +63,8 @@ def evaluate(runtime: DiffusionRuntime, n: int = 200, *, seed: int = HELD_OUT_SE
     examples = make_corpus(n, seed=seed)
     prompts = [ChatPrompt([{"role": "user", "content": e["prompt"]}], tools=e.get("tools"),
                           template_kwargs={"enable_thinking": True} if e.get("thinking") else {}) for e in examples]
-    report: dict[str, Any] = {"n": n, "seed": seed}
+    report: dict[str, Any] = {"n": n, "seed": seed, "device": str(runtime.model.device),
+                              "dtype": str(runtime.model.dtype).removeprefix("torch.")}
     tok = runtime.tokenizer
     for mode in ("diffusion", "ar"):
         rows = []
