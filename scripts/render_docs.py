@@ -97,7 +97,16 @@ def tool_calls_bfcl(data: dict) -> str:
                  ["---", "--:", "--:", "---", "--:", "--:", "---", "--:", "--:", "--:", "--:"], rows)
 
 
-RENDERERS: dict[str, Callable[[dict], str]] = {"model_eval": model_eval, "tool_calls_bfcl": tool_calls_bfcl}
+def install_sizes(data: dict) -> str:
+    """docs/results/install_sizes.json: the venv of each Quick-start line."""
+    rows = [[f"{r['line']}: `{r['command']}`", r["installs"], r["venv"].replace("G", " GB"), r["packages"], r["note"]]
+            for r in data["rows"]]
+    return table(["Quick-start line", "installs", "venv size", "packages", "measured in"],
+                 ["---", "---", "--:", "--:", "---"], rows)
+
+
+RENDERERS: dict[str, Callable[[dict], str]] = {"model_eval": model_eval, "tool_calls_bfcl": tool_calls_bfcl,
+                                               "install_sizes": install_sizes}
 
 
 def render_source(src: str) -> str:

@@ -60,7 +60,7 @@ def make_config(*, vocab_size: int, hidden_size: int, intermediate_size: int, nu
 
 
 def embedded_config(vocab_size: int) -> DiffusionGemmaConfig:
-    """The embedded model: ~5M parameters, canvas 32, sliding + full attention layers. The sliding
+    """The embedded model: 5.17M parameters, canvas 32, sliding + full attention layers. The sliding
     window (512) exceeds every training sequence, so training may mask the cache per row."""
     return make_config(vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_layers=4,
                        num_heads=4, num_kv_heads=2, head_dim=64, num_experts=2, top_k_experts=1,
