@@ -40,7 +40,12 @@ import dgemma_struct.errors as E
 
 from .compile_worker import prepare, probe
 
-__all__ = ["CompilePool", "CompileCrashed", "PoolUnavailable", "spec_key"]
+__all__ = ["CompilePool", "CompileCrashed", "PoolUnavailable", "PoolBusy", "CompileLanes", "spec_key", "spec_size",
+           "SMALL_SPEC_BYTES"]
+
+#: specs up to this many bytes (as JSON text) are "small": they have a lane of their own, so a flood
+#: of big compiles never holds them up (a 2-option choice, a flat object schema)
+SMALL_SPEC_BYTES = 4096
 
 class CompileCrashed(E.ConstraintEngineError):
     """The compile worker died (a native crash) while compiling this constraint."""
@@ -48,6 +53,15 @@ class CompileCrashed(E.ConstraintEngineError):
 
 class PoolUnavailable(E.DgemmaStructError):
     """No compile worker could be started, or the pool is closed (a server fault, not the spec's)."""
+
+
+class PoolBusy(E.DgemmaStructError):
+    """Every compile slot stayed busy for the whole bounded wait (the server answers 503 ``overloaded``
+    with ``Retry-After``)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class _WorkerDied(Exception):
@@ -126,6 +140,16 @@ class _Worker:
             pass
 
 
+class _Big:
+    """Stands for a spec of unknown size (always the big lane)."""
+
+    def __repr__(self) -> str:
+        return "x" * (SMALL_SPEC_BYTES + 1)
+
+
+_BIG = _Big()
+
+
 def spec_key(spec: Any, strict: bool = False, whitespace: str = "compact") -> str:
     """A stable key of a spec (dicts by canonical JSON, spec objects by repr)."""
     try:
@@ -136,17 +160,74 @@ def spec_key(spec: Any, strict: bool = False, whitespace: str = "compact") -> st
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def spec_size(spec: Any) -> int:
+    """About how many bytes ``spec`` is (its JSON text, or its repr): what decides its lane."""
+    try:
+        return len(json.dumps(spec, separators=(",", ":"), ensure_ascii=False, default=repr))
+    except (TypeError, ValueError, RecursionError):
+        return len(repr(spec))
+
+
+class CompileLanes:
+    """Admission to compile slots in two lanes: ``big`` slots for every spec and ``small`` slots only
+    specs of at most :data:`SMALL_SPEC_BYTES` may take, so a small spec never waits behind big ones.
+    A slot is waited for at most ``wait_s``; then :class:`PoolBusy` (a bounded wait, never a client
+    time-out). Thread-safe; ``with lanes.slot(spec): ...``."""
+
+    def __init__(self, big: int = 2, small: int = 1, *, wait_s: float = 10.0):
+        self.big = threading.BoundedSemaphore(max(1, big))
+        self.small = threading.BoundedSemaphore(max(1, small))
+        self.wait_s = wait_s
+
+    def acquire(self, spec: Any, wait_s: float | None = None) -> threading.BoundedSemaphore:
+        """Take a slot for ``spec``; returns the semaphore to release."""
+        wait = self.wait_s if wait_s is None else wait_s
+        deadline = time.monotonic() + wait
+        small = spec_size(spec) <= SMALL_SPEC_BYTES
+        while True:
+            if self.big.acquire(blocking=False):
+                return self.big
+            if small and self.small.acquire(blocking=False):
+                return self.small
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PoolBusy(f"every compile slot stayed busy for {wait:g} s; retry shortly",
+                               retry_after_s=max(1.0, round(wait / 2)))
+            if not small:
+                if self.big.acquire(timeout=left):
+                    return self.big
+                continue
+            time.sleep(min(0.01, left))
+
+    def slot(self, spec: Any, wait_s: float | None = None) -> Any:
+        """A context manager holding a slot for ``spec``."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held() -> Any:
+            sem = self.acquire(spec, wait_s)
+            try:
+                yield sem
+            finally:
+                sem.release()
+        return held()
+
+
 class CompilePool:
-    """Worker processes for compiles that may crash or run away; see the module docstring."""
+    """Worker processes for compiles that may crash or run away; see the module docstring.
+
+    ``size`` workers serve every spec; ``small_lane`` more serve small specs only
+    (:class:`CompileLanes`), and a call waits at most ``queue_wait_s`` for one (:class:`PoolBusy`)."""
 
     def __init__(self, size: int = 2, *, memory_mb: int | None = 4096, start_timeout_s: float = 180.0,
-                 remember: int = 1024):
+                 remember: int = 1024, small_lane: int = 1, queue_wait_s: float = 10.0):
         if size < 1:
             raise ValueError("the compile pool needs at least one worker")
         self.size = size
+        self.lanes = CompileLanes(size, small_lane, wait_s=queue_wait_s)
+        self.max_workers = size + max(1, small_lane)
         self.memory_mb = memory_mb
         self.start_timeout_s = start_timeout_s
-        self._slots = threading.BoundedSemaphore(size)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
@@ -193,14 +274,14 @@ class CompilePool:
     def warm(self, count: int = 1) -> None:
         """Start workers (blocking) until ``count`` are idle (at most ``size``), so that the next
         compiles do not wait for a start-up."""
-        count = min(count, self.size)
+        count = min(count, self.max_workers)
         while True:
             with self._lock:
-                if self._closed or len(self._idle) >= count or len(self._all) >= self.size:
+                if self._closed or len(self._idle) >= count or len(self._all) >= self.max_workers:
                     return
             w = _Worker(self.memory_mb, self.start_timeout_s)
             with self._lock:
-                if self._closed or len(self._all) >= self.size:
+                if self._closed or len(self._all) >= self.max_workers:
                     w.kill()
                     return
                 self._all.append(w)
@@ -223,13 +304,14 @@ class CompilePool:
         return entry[1], entry[2]
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float, tokenizer: Any = None,
-            setup: tuple | None = None, **kwargs: Any) -> Any:
+            setup: tuple | None = None, lane_of: Any = None, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` in a worker (``fn`` and the arguments must pickle). Raises the
         worker's typed error, :class:`CompileCrashed`, or ``ConstraintCompileTimeout``.
         ``tokenizer`` is sent to a worker once; ``setup`` = ``(fn, args)`` runs first, once per
-        worker and tokenizer, under the start-up timeout (tokenizer set-up is not a compile)."""
+        worker and tokenizer, under the start-up timeout (tokenizer set-up is not a compile).
+        ``lane_of``: the spec whose size picks the lane (None: a big-lane call)."""
         tok = self._tok_payload(tokenizer) if tokenizer is not None else None
-        with self._slots:
+        with self.lanes.slot(lane_of if lane_of is not None else _BIG):
             w = self._take()
             send_tok = None if tok is None or tok[0] in w.tokenizers else tok
             try:
@@ -298,7 +380,7 @@ class CompilePool:
         tok_key = self._tok_payload(tokenizer)[0]
         try:
             self.run(probe, spec, tok_key, list(stop_token_ids), vocab_size, strict, whitespace,
-                     timeout_s=timeout_s, tokenizer=tokenizer,
+                     timeout_s=timeout_s, tokenizer=tokenizer, lane_of=spec,
                      setup=(prepare, (tok_key, list(stop_token_ids), vocab_size)))
         except CompileCrashed as err:
             with self._lock:

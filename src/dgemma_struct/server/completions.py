@@ -18,7 +18,8 @@ from dgemma_struct.grounding import prompt_with_sources
 
 from .errors import APIError, api_error_for
 from .logprobs import chat_logprobs, completion_logprobs, cut_to
-from .protocol import apply_stop, check_text, choice_estimator_of, logprobs_of, spec_of, stops_of, thinking_of
+from .protocol import (apply_stop, check_text, choice_estimator_of, estimated_prompt_tokens, logprobs_of, spec_of,
+                       stops_of, thinking_of)
 from .responses import (ChatChoice, ChatCompletion, AssistantMessage, Completion, CompletionChoice, Usage,
                         json_response)
 from .state import ServerState
@@ -101,6 +102,13 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     n = req.n or 1
     for p in prompts:
         check_text(p, "messages" if chat else "prompt")
+    ctx = state.runtime.max_context
+    for p in prompts:  # a lower bound on the prompt's tokens, before any template or tokenizer runs
+        est = estimated_prompt_tokens(p)
+        if est + max_tokens > ctx:
+            raise APIError(400, f"this prompt needs at least {est} tokens (its messages alone), and with "
+                                f"max_tokens={max_tokens} it cannot fit the model's context of {ctx} tokens",
+                           param="messages" if chat else "prompt", code="context_length_exceeded")
     spec, param = spec_of(req)
     stops = stops_of(req)                    # validated either way ...
     if spec is not None:

@@ -20,7 +20,7 @@ from typing import Any
 import dgemma_struct.errors as E
 from dgemma_struct.tools import ToolCallError
 
-from .compile_pool import CompileCrashed, PoolUnavailable
+from .compile_pool import CompileCrashed, PoolBusy, PoolUnavailable
 
 __all__ = ["APIError", "QueueFull", "ShuttingDown", "ToolRequestError", "api_error_for", "error_body",
            "bounded", "default_code", "safe_json_bytes", "MAX_MESSAGE_CHARS", "ERROR_TABLE_MD"]
@@ -75,9 +75,10 @@ class APIError(Exception):
     generic code for the status; the message is bounded."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         message = bounded(message)
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.type = type
@@ -115,6 +116,7 @@ _TABLE: list[tuple[type, int, str, str]] = [
     (E.GenerationTimeout, 504, "timeout_error", "timeout"),
     (E.ModelLoadError, 503, "server_error", "model_unavailable"),
     (ShuttingDown, 503, "server_error", "unavailable"),
+    (PoolBusy, 503, "server_error", "overloaded"),
     (PoolUnavailable, 503, "server_error", "unavailable"),
 ]
 
@@ -144,7 +146,8 @@ def api_error_for(err: BaseException, *, param: str | None = None) -> APIError:
             message = str(err) or _EMPTY_MESSAGES.get(cls, cls.__name__)
             if isinstance(err, (E.LengthError, E.PromptTooLongError)):   # the server's name for the budget
                 message = message.replace("max_new_tokens", "max_tokens")
-            return APIError(status, message, type=typ, param=_param_for(err, param), code=code)
+            headers = {"Retry-After": str(int(err.retry_after_s))} if isinstance(err, PoolBusy) else None
+            return APIError(status, message, type=typ, param=_param_for(err, param), code=code, headers=headers)
     if isinstance(err, E.DgemmaStructError):
         return APIError(400, str(err), code="invalid_request")
     return APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error", code="internal_error")

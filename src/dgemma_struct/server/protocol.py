@@ -296,7 +296,46 @@ def spec_of(req: _Common) -> tuple[Any, str | None]:
     return found[0] if found else (None, None)
 
 
+#: most messages in one chat request, and most characters of content over all of them: checked before
+#: the chat template runs (rendering is pure Python, about quadratic in the number of messages)
+MAX_MESSAGES = 1024
+MAX_MESSAGE_CHARS = 1_000_000
+#: tokens every chat turn costs at least (turn start, role, turn end), for the cheap length estimate
+MIN_TOKENS_PER_MESSAGE = 3
+
+
+def check_messages(messages: Any) -> None:
+    """Refuse, in microseconds, a message list that is too long to render (``too_many_messages`` /
+    ``messages_too_long``): before the template, and before any tokenization."""
+    n = len(messages)
+    if n > MAX_MESSAGES:
+        raise APIError(400, f"too many messages: {n} (at most {MAX_MESSAGES} per request)", param="messages",
+                       code="too_many_messages")
+    chars = 0
+    for m in messages:
+        c = m.get("content") if isinstance(m, dict) else getattr(m, "content", None)
+        if isinstance(c, str):
+            chars += len(c)
+        elif isinstance(c, list):
+            chars += sum(len(getattr(p, "text", None) or (p.get("text") or "" if isinstance(p, dict) else ""))
+                         for p in c)
+    if chars > MAX_MESSAGE_CHARS:
+        raise APIError(400, f"the messages hold {chars} characters (at most {MAX_MESSAGE_CHARS})", param="messages",
+                       code="messages_too_long")
+
+
+def estimated_prompt_tokens(prompt: Any) -> int:
+    """A lower bound on a prompt's tokens, without the template: every non-system turn costs
+    :data:`MIN_TOKENS_PER_MESSAGE` (a system message may be folded into the first user turn)."""
+    messages = getattr(prompt, "messages", prompt)
+    if isinstance(messages, list):
+        return MIN_TOKENS_PER_MESSAGE * sum(1 for m in messages if not (isinstance(m, dict) and
+                                                                         m.get("role") in ("system", "developer")))
+    return 1
+
+
 def prompt_of_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    check_messages(messages)
     out = []
     for i, m in enumerate(messages):
         if isinstance(m.content, list):

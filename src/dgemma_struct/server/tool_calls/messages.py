@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 from dgemma_struct.runtime import ChatPrompt
 
 from ..errors import ToolRequestError
-from ..protocol import lone_surrogate_at
+from ..protocol import check_messages, lone_surrogate_at
 from .request import ToolRequest
 
 
@@ -134,5 +134,6 @@ def _check_unicode(value: Any) -> None:
 
 def chat_prompt(messages: Sequence[Any], tool_req: ToolRequest | None) -> Any:
     """The :class:`~dgemma_struct.runtime.ChatPrompt` to generate from (declarations in the system turn)."""
+    check_messages(messages)  # before the template: too many / too long messages are refused at once
     return ChatPrompt(messages=template_messages(messages),
                       tools=tool_req.openai_tools() if tool_req is not None else None)
