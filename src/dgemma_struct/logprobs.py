@@ -120,21 +120,27 @@ class FreeTextLogprobs(NullHook):
         self.ar_scale = float(ar_temperature) if ar_temperature else 1.0
         self._ar: torch.Tensor | None = None
 
+    def start_canvas(self, view: StepView) -> None:
+        view.frozen_upto = [0] * view.frozen.shape[0]   # it freezes nothing: the loop needs no frozen pass
+
     def finish_canvas(self, view: StepView, committed: torch.Tensor) -> torch.Tensor:
         B, L = committed.shape
+        active = view.active_rows if view.active_rows is not None else \
+            view.active.tolist() if view.active is not None else [True] * B
+        tokens = committed.tolist()
         for b in range(B):
-            live = view.logits.numel() and (view.active is None or bool(view.active[b]))
-            self.rows[b].extend(entries_from_logits(view.logits[b], committed[b].tolist(), self.top)
-                                if live else [None] * L)
+            live = view.logits.numel() and active[b]
+            self.rows[b].extend(entries_from_logits(view.logits[b], tokens[b], self.top) if live else [None] * L)
         return committed
 
     def mask_ar_logits(self, logits: torch.Tensor, active: torch.Tensor) -> None:
         self._ar = logits
 
     def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
-        for b in range(tokens.shape[0]):
-            self.rows[b].append(entries_from_logits(self._ar[b:b + 1] / self.ar_scale, [int(tokens[b])], self.top)[0]
-                                if bool(active[b]) else None)
+        toks, act = tokens.tolist(), active.tolist()
+        for b in range(len(toks)):
+            self.rows[b].append(entries_from_logits(self._ar[b:b + 1] / self.ar_scale, [toks[b]], self.top)[0]
+                                if act[b] else None)
 
 
 def kept_entries(entries: list[TokenLogprob | None], row: Sequence[int], pad: int | None,
