@@ -1,0 +1,61 @@
+"""#26.2: many tiny messages never stall the server. A request with too many messages (or one whose
+messages alone cannot fit the context) is refused before the chat template runs, in milliseconds,
+and a small request sent at the same time is answered as usual. Loopback only."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from server_harness import running_server
+
+from dgemma_struct.server.protocol import MAX_MESSAGES, MIN_TOKENS_PER_MESSAGE
+
+
+@pytest.fixture(scope="module")
+def url(rt):
+    with running_server(rt, max_tokens_cap=64, default_max_tokens=16) as u:
+        yield u
+
+
+def _post(url: str, messages: list, **extra) -> tuple[httpx.Response, float]:
+    t0 = time.perf_counter()
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 8, **extra}, timeout=60)
+    return r, time.perf_counter() - t0
+
+
+def test_three_thousand_messages_are_refused_in_milliseconds(url):
+    _post(url, [{"role": "user", "content": "warm"}], guided_choice=["yes", "no"])
+    times = []
+    for _ in range(3):  # best of three: a loaded 2-core CI machine adds its own stalls
+        r, s = _post(url, [{"role": "user", "content": "hi"}] * 3000, guided_choice=["yes", "no"])
+        assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_messages", r.text
+        assert r.json()["error"]["param"] == "messages"
+        times.append(s)
+    assert min(times) < 0.3, times   # the target is < 100 ms (measured ~10 ms on an idle machine)
+
+
+def test_messages_that_cannot_fit_the_context_are_refused_before_the_template(url, rt):
+    n = min(MAX_MESSAGES, rt.max_context // MIN_TOKENS_PER_MESSAGE + 1)
+    times = []
+    for _ in range(3):
+        r, s = _post(url, [{"role": "user", "content": "hi"}] * n)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        times.append(s)
+    assert min(times) < 0.3, times
+
+
+def test_a_small_request_is_not_held_up_by_message_floods(url):
+    msg = [{"role": "user", "content": "warm"}]
+    _, idle = _post(url, msg, guided_choice=["yes", "no"])
+    _, idle = _post(url, msg, guided_choice=["yes", "no"])
+    floods = [threading.Thread(target=_post, args=(url, [{"role": "user", "content": "hi"}] * 3000))
+              for _ in range(4)]
+    for t in floods:
+        t.start()
+    r, s = _post(url, msg, guided_choice=["yes", "no"])
+    for t in floods:
+        t.join()
+    assert r.status_code == 200
+    assert s < max(2 * idle, 1.0), (s, idle)
