@@ -87,7 +87,8 @@ def markdown(results: dict) -> str:
     lines = ["# Batched constrained canvases vs one row at a time (benchmarks/batch_rows.py)", "",
              f"{first['n']} held-out JSON prompts on the embedded model, seed 0, one torch thread; one at a time vs "
              f"`generate_batch` in batches of {first['batch']}.", "",
-             "| | " + " | ".join(cols) + " |", "|---|" + "--:|" * len(cols)]
+             "| | " + " | ".join({"after": "this tree", "before": "--old-src tree"}.get(c, c) for c in cols) + " |",
+             "|---|" + "--:|" * len(cols)]
     lines += [f"| {label} | " + " | ".join(f(results[c]) for c in cols) + " |" for label, f in rows]
     return "\n".join(lines) + "\n"
 
