@@ -1,5 +1,8 @@
-"""The ASGI middleware in front of the app: the API key (401) and the body-size limit (413),
-checked before the app reads a byte."""
+"""The ASGI middleware in front of the app: the header-size cap (431), the API key (401) and the
+body-size limit (413), checked before the app reads a byte.
+
+h11's ``max_incomplete_event_size`` only bounds headers that arrive in pieces: headers that arrive
+in one read pass it whatever their size, so the documented cap is enforced here too."""
 from __future__ import annotations
 
 import hmac
@@ -27,6 +30,14 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
+        cap = self.config.h11_max_incomplete_event_size
+        raw = scope.get("headers") or []
+        size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + \
+            sum(len(k) + len(v) + 4 for k, v in raw)
+        if cap and size > cap:
+            return await self._send_error(send, 431, error_body(
+                431, f"the request headers exceed {cap} bytes", code="request_header_fields_too_large"),
+                [(b"connection", b"close")])
         if self.config.api_key and path != "/health":   # /docs and /openapi.json too
             auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
