@@ -135,6 +135,17 @@ def test_cluster_spread_autoscaling_and_replica_loss(rt, tmp_path, monkeypatch):
         _wait(lambda: httpx.get(url + "/health/ready", timeout=30).status_code == 200, 120, "readiness")
         times["first_replica_ready_s"] = time.monotonic() - t1
 
+        # a refused constraint is remembered in the shared verdict actor
+        bad = httpx.post(url + "/v1/chat/completions", timeout=60,
+                         json={"messages": [{"role": "user", "content": "x"}], "guided_regex": "((", "max_tokens": 8})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_regex"
+        from dgemma_struct.server.compile_pool import spec_key
+        from dgemma_struct.server.protocol import ChatCompletionRequest, spec_of
+
+        spec, _ = spec_of(ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], guided_regex="(("))
+        store = ray.get_actor(ray_serve_app.VERDICTS_ACTOR, namespace=ray_serve_app.NAMESPACE)
+        assert ray.get(store.get.remote(spec_key(spec)), timeout=30)["code"] == "invalid_regex"
+
         # what listens where (Ray's processes are this process's descendants)
         listeners = _listening(os.getpid())
         exposed = [x for x in listeners if x[0] not in LOOPBACK]
