@@ -87,7 +87,7 @@ def _demo_preface(rt) -> str:
 
     params = sum(p.numel() for p in rt.model.parameters()) / 1e6
     device = f"{rt.model.device} ({str(rt.model.dtype).removeprefix('torch.')})"
-    return (f"dgemma-struct demo: the embedded {params:.1f}M-parameter DiffusionGemma on {device}, a toy trained\n"
+    return (f"dgemma-struct demo: the embedded {params:.2f}M-parameter DiffusionGemma on {device}, a toy trained\n"
             f"only on synthetic records (docs/model_card.md):\n"
             f"  - JSON extraction, {len(JSON_FAMILIES)} record families: {', '.join(JSON_FAMILIES)}\n"
             f"  - short answers: dates, emails, phone numbers, order codes, sentiment, topic, arithmetic,\n"
