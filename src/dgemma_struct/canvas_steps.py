@@ -286,7 +286,8 @@ def denoise_step(run: Run, c: Canvas, cur_step: int) -> None:
     else:
         upto = view.frozen_upto
         starts = [(upto[b] if upto is not None else 0) if on else None for b, on in enumerate(rows_on)]
-    entropy, dead = entropy_at(logits, starts)
+    # (the reproduction path keeps transformers' exact operations; a hook's step may use the fused kernel)
+    entropy, dead = entropy_at(logits, starts, backend="torch" if run.reproduce else "auto")
     if not run.reproduce and view.frozen_upto is None:
         entropy = torch.where(view.frozen, torch.zeros_like(entropy), entropy)
     accept = entropy_bound_accept(logits, run.settings.entropy_bound, entropy=entropy)

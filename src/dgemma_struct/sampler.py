@@ -23,6 +23,8 @@ from typing import Sequence
 
 import torch
 
+from dgemma_struct.kernels import masked_stats, resolve_backend
+
 # positions per entropy chunk, in logit elements: on CPU a chunk's two temporaries stay a few MB
 ENTROPY_CHUNK = 1 << 22
 ENTROPY_CHUNK_CUDA = 1 << 25
@@ -94,12 +96,16 @@ def entropy_chunk(logits: torch.Tensor) -> int:
     return max(1, per // max(1, logits.shape[-1]))
 
 
-def entropy_at(logits: torch.Tensor, starts: Sequence[int | None]) -> tuple[torch.Tensor, torch.Tensor]:
+def entropy_at(logits: torch.Tensor, starts: Sequence[int | None], backend: str = "torch"
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Entropies of ``[B, L, V]`` logits at positions ``starts[b]..L-1`` of each row (``None``: none
     of the row), 0 elsewhere, and the positions with no finite logit (``dead``, bool ``[B, L]``;
     their entropy is ``log V``, the caller resets their logits: :func:`reset_dead`). Computed in
     chunks of positions (bitwise the values of :func:`step_entropy`: every operation is per
-    position), so no temporary comes near the logits' size, and with no host read."""
+    position), so no temporary comes near the logits' size, and with no host read. ``backend``
+    ``"auto"``: on CUDA, where the Triton kernels pass their self-check, the fused masked-statistics
+    kernel (one pass per position, no temporaries; equal to the torch values to ~1e-5, not bitwise;
+    ``"triton"`` forces it, e.g. under ``TRITON_INTERPRET=1``)."""
     B, L, V = logits.shape
     flat = logits.view(B * L, V)
     ent = torch.zeros(B * L, dtype=logits.dtype, device=logits.device)
@@ -112,6 +118,11 @@ def entropy_at(logits: torch.Tensor, starts: Sequence[int | None]) -> tuple[torc
             spans[-1][1] = (b + 1) * L
         else:
             spans.append([b * L + s, (b + 1) * L])
+    if backend != "torch" and resolve_backend(backend, logits) == "triton":
+        for lo, hi in spans:
+            st = masked_stats(flat[lo:hi], backend="triton")
+            ent[lo:hi], dead[lo:hi] = st.entropy, torch.isneginf(st.logsumexp)
+        return torch.where(dead, torch.full_like(ent, math.log(V)), ent).view(B, L), dead.view(B, L)
     step = entropy_chunk(logits)
     scratch = None
     if spans:  # two chunk-sized buffers for the whole step (far below one canvas row)

@@ -402,3 +402,38 @@ def test_torch_apply_on_full_canvas_never_builds_a_full_mask():
     for r in (0, 127, 255):
         ref = np.unpackbits(bm[r].numpy().view(np.uint8), bitorder="little").astype(bool)
         assert torch.equal(torch.isinf(logits[r]), torch.from_numpy(~ref))
+
+
+# ---------------------------------------------------------------- the loop's entropy (issue 22)
+def _entropy_case(dtype):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 20, 3000, generator=g) * 4).to(dtype)
+    x[0, 3] = float("-inf")                       # an empty position
+    x[1, :5, 100:] = float("-inf")                # narrow masks
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [3000, 3000 * 7, 1 << 30])
+def test_chunked_entropy_is_bitwise_the_full_one(monkeypatch, dtype, chunk):
+    from dgemma_struct import sampler
+
+    x = _entropy_case(dtype)
+    full = sampler.step_entropy(x.clone())
+    monkeypatch.setattr(sampler, "ENTROPY_CHUNK", chunk)
+    ent, dead = sampler.entropy_at(x, [0, 0, 0])
+    assert torch.equal(ent, full) and dead[0, 3] and int(dead.sum()) == 1 and ent.dtype == dtype
+    part, _ = sampler.entropy_at(x, [4, None, 19])   # row spans; the rest is 0
+    assert torch.equal(part[0, 4:], full[0, 4:]) and not part[1].any() and not part[0, :4].any()
+    assert torch.equal(part[2, 19:], full[2, 19:])
+
+
+@needs_triton
+def test_fused_entropy_kernel_matches_the_torch_path():
+    from dgemma_struct import sampler
+
+    x = _entropy_case(torch.float32)
+    ref, ref_dead = sampler.entropy_at(x, [0, 2, 7])
+    ent, dead = sampler.entropy_at(x, [0, 2, 7], backend="triton")
+    assert torch.equal(dead, ref_dead)
+    assert torch.allclose(ent, ref, atol=1e-4, rtol=1e-5)
