@@ -47,8 +47,9 @@ from typing import Any, Callable, Optional, Sequence
 from fastapi import HTTPException
 from pydantic import BaseModel, Field, create_model
 
-from dgemma_struct.constraints import Choice, Grammar, Regex
+from dgemma_struct.constraints import Choice, Constraint, Grammar, Regex
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
+from dgemma_struct.request import isolated_constraint_for
 from dgemma_struct.runtime import DiffusionRuntime
 from dgemma_struct.server.batcher import Batcher
 from dgemma_struct.server.errors import QueueFull, ShuttingDown, api_error_for
@@ -115,12 +116,17 @@ def to_http_exception(err: BaseException) -> HTTPException:
 
 class StructuredGenerator:
     """Async, typed generation for request handlers. ``max_new_tokens``/``seed``/``timeout_s`` are
-    defaults every call may override."""
+    defaults every call may override.
+
+    ``isolate_compile`` (default True: specs in a web app come from users): each new spec is first
+    compiled in a worker process (:func:`dgemma_struct.request.isolated_constraint_for`), so a native
+    crash of the constraint engine is a 400, never the end of the app's process."""
 
     def __init__(self, runtime: DiffusionRuntime | None = None, *, max_new_tokens: int = 128, seed: int | None = 0,
                  timeout_s: float = 60.0, max_batch_size: int = 8, max_wait_ms: float = 10.0, max_queue: int = 64,
-                 max_repairs: int = 2, raise_http: bool = True):
+                 max_repairs: int = 2, raise_http: bool = True, isolate_compile: bool = True):
         self._runtime = runtime
+        self.isolate_compile = bool(isolate_compile)
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.timeout_s = timeout_s
@@ -142,6 +148,8 @@ class StructuredGenerator:
         try:
             if self._runtime is None:
                 await asyncio.to_thread(lambda: self.runtime)
+            if self.isolate_compile and not isinstance(spec, Constraint):
+                spec = await asyncio.to_thread(isolated_constraint_for, spec, self.runtime)
             batcher = _batcher_for(self.runtime, **self._batcher_opts)
             return await batcher.submit(prompt, spec, max_new_tokens=max_new_tokens or self.max_new_tokens,
                                         seed=self.seed if seed == -1 else seed,

@@ -34,7 +34,7 @@ MAX_LOGPROBS = 20   # top alternatives per token (``logprobs``), as OpenAI's ``t
 WHITESPACE = ("compact", "model", "flexible")
 THINKING = (False, None, True, "optional")
 _FLAGS = ("return_details", "strict", "fallback", "progress", "repair_junk", "close_on_budget", "force_tokens",
-          "renoise_invalid")
+          "renoise_invalid", "isolate_compile")
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ class GenerateOptions:
     force_tokens: bool = True            # the guide writes grammar-forced tokens without a forward
     renoise_invalid: bool = False        # the guide renoises accepted positions past a violation
     logprobs: int | None = None          # None: off; k: each token's logprob and its k top alternatives
+    isolate_compile: bool = False        # compile user specs in a worker process first (a native crash is typed)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:

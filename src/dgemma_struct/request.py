@@ -9,6 +9,8 @@ Example::
 """
 from __future__ import annotations
 
+import pickle
+import threading
 from typing import Any
 
 from dgemma_struct.constraints import Constraint, compile_constraint
@@ -47,6 +49,57 @@ def constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False
                               vocab_size=runtime.model.config.text_config.vocab_size)
 
 
+_POOL: Any = None
+_POOL_LOCK = threading.Lock()
+#: seconds a probe compile may take in the worker before it is stopped (ConstraintCompileTimeout)
+ISOLATED_COMPILE_TIMEOUT_S = 30.0
+
+
+def _shared_pool() -> Any:
+    """The process's compile-worker pool (the server's :class:`~dgemma_struct.server.compile_pool.CompilePool`),
+    started on first use and closed at exit."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            import atexit
+
+            from dgemma_struct.server.compile_pool import CompilePool
+            _POOL = CompilePool(size=1, small_lane=1)
+            atexit.register(_POOL.close)
+        return _POOL
+
+
+def _probe_form(spec: Any) -> Any:
+    """``spec`` in a form that pickles into a worker (a pydantic class by its JSON Schema), or None."""
+    if isinstance(spec, type) and hasattr(spec, "model_json_schema"):
+        try:
+            return spec.model_json_schema()
+        except Exception:  # noqa: BLE001 - the in-process compile words the error
+            return None
+    try:
+        pickle.dumps(spec)
+        return spec
+    except Exception:  # noqa: BLE001 - not picklable: compiled in-process only
+        return None
+
+
+def isolated_constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False,
+                            whitespace: str = "compact", separators: tuple[str, str] | None = None) -> Constraint:
+    """:func:`constraint_for`, with the compile first run in a worker process (``isolate_compile=True``):
+    a native crash or a runaway compile there is a typed error
+    (:class:`~dgemma_struct.errors.ConstraintEngineError` / ``ConstraintCompileTimeout``) instead of
+    the end of this process. Specs that compiled before are not probed again."""
+    if isinstance(spec, Constraint):
+        return spec
+    check_format(whitespace, separators)
+    form = _probe_form(spec)
+    if form is not None:
+        _shared_pool().probe(form, runtime.tokenizer, stop_token_ids=list(runtime.eos_token_ids),
+                             vocab_size=runtime.model.config.text_config.vocab_size, strict=bool(strict),
+                             whitespace=whitespace, timeout_s=ISOLATED_COMPILE_TIMEOUT_S)
+    return constraint_for(spec, runtime, strict=strict, whitespace=whitespace, separators=separators)
+
+
 def apply_thinking(constraint: Constraint, prompt: Prompt, rt: DiffusionRuntime, thinking: Any,
                    max_thinking_tokens: int) -> tuple[Constraint, Prompt]:
     """``thinking=True``: the chat template's thinking switch on and a thought block required before
@@ -71,7 +124,8 @@ def prepare(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, opts: G
     rt = resolve_runtime(runtime)
     if spec is None:
         raise InvalidRequestError("spec is None: pass a pydantic model, a JSON Schema, Regex, Grammar or Choice")
-    constraint = constraint_for(spec, rt, strict=opts.strict, whitespace=opts.whitespace, separators=opts.separators)
+    compile_fn = isolated_constraint_for if opts.isolate_compile else constraint_for
+    constraint = compile_fn(spec, rt, strict=opts.strict, whitespace=opts.whitespace, separators=opts.separators)
     constraint, prompt = apply_thinking(constraint, prompt, rt, opts.thinking, opts.max_thinking_tokens)
     need = max(min_tokens_for(constraint), 0)  # from the schema's bounds: milliseconds, before any walking
     if need <= opts.max_new_tokens:
