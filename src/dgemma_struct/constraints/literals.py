@@ -74,10 +74,15 @@ def screen_lark_json(text: str) -> None:
             continue
         line = text.count("\n", 0, m.start()) + 1
         depth = 0
-        for ch in text[pos:pos + 200_000]:  # a cheap depth bound before json's recursive reader
-            depth += ch in "{["
-            if depth > MAX_SCHEMA_DEPTH * 4:
-                raise GrammarError(f"%json block at line {line} is nested too deeply")
+        for ch in text[pos:pos + 200_000]:  # a cheap nesting bound before json's recursive reader
+            if ch in "{[":
+                depth += 1
+                if depth > MAX_SCHEMA_DEPTH * 4:
+                    raise GrammarError(f"%json block at line {line} is nested too deeply")
+            elif ch in "}]":
+                depth -= 1
+                if depth <= 0:
+                    break
         try:
             body, _ = dec.raw_decode(text, pos)
         except (ValueError, RecursionError) as e:
