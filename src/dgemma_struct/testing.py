@@ -288,8 +288,8 @@ def _gemma4_pieces() -> tuple[list[str], list[list[str]]]:
     seen = set(vocab)
     learned, merges = _trained_merges(chars)
     pieces = [p for p in learned if p not in seen]
-    seen.update(pieces)
     merges += [[a, b] for a in '{}[]":,▁' for b in '{}[]":,▁' if a + b not in seen]
+    seen.update(pieces)
     pieces += [a + b for a, b in merges if a + b not in seen]
     seen.update(pieces)
     heads, lower = ["▁"] + list(string.ascii_letters), string.ascii_lowercase
@@ -311,9 +311,7 @@ def _gemma4_pieces() -> tuple[list[str], list[list[str]]]:
     for piece in pieces:
         vocab[next(slots)] = piece
     unused = itertools.count()
-    for i, t in enumerate(vocab):
-        if t is None:
-            vocab[i] = f"<unused{next(unused)}>"
+    vocab = [t if t is not None else f"<unused{next(unused)}>" for t in vocab]
     runs = [[c * k, c] for c in ("\n", "▁") for k in range(1, 32) if (c, k) != ("\n", 31)]
     return vocab, list({(a, b): [a, b] for a, b in runs + merges}.values())
 
