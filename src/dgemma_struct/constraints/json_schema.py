@@ -24,7 +24,7 @@ from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
-from .literals import has_wide_number, is_ecma_regex
+from .literals import drop_extreme_bounds, has_wide_number, is_ecma_regex
 from .safety import check_schema_input, clip, engine_guard, is_limit_error
 from .schema_checks import check_schema, is_number, iter_subschemas
 from .schema_checks import jsonschema_rs as _rs
@@ -159,13 +159,19 @@ EMAIL_GRAMMAR_PATTERN = (rf"^{_EMAIL_ATEXT}{{1,32}}(?:\.{_EMAIL_ATEXT}{{1,15}}){
                          rf"@(?:{_EMAIL_LABEL}\.){{1,4}}[A-Za-z](?:-?[A-Za-z0-9]){{0,15}}$")
 
 
+_EXTREME = re.compile(r"\d{19}|e[-+]")  # text that may hold an extreme bound (see literals.drop_extreme_bounds)
+
+
 def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True, text: str | None = None) -> Any:
     """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only; keywords
     llguidance compiles wrongly are removed (named in ``dropped``, enforced by validation). ``text``:
     ``schema`` as JSON text, when at hand."""
     # a JSON value (checked): ~4x faster than copy.deepcopy
     g = json.loads(text if text is not None else json.dumps(schema))
+    extreme = text is None or _EXTREME.search(text) is not None
     for _, s in iter_subschemas(g):
+        if extreme:
+            drop_extreme_bounds(s, dropped)
         if _REWRITTEN.isdisjoint(s):  # most subschemas: nothing here to rewrite
             if wide:
                 _drop_wide_ints(s, dropped, wide != "ints")
@@ -362,6 +368,9 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
             if removed:
                 semantic.extend(removed)
                 continue
+        if "Failed to generate regex for" in msg and "range" in msg:  # bounds at the edge of the i64 / f64 range
+            raise SchemaError(f"number bounds the constrained decoder cannot enforce (too close to the 64-bit "
+                              f"limits): {clip(msg, 300)}", keywords=["minimum", "maximum"])
         if "Unsatisfiable schema" in msg or "unsatisfiable" in msg.lower():
             raise SchemaError(f"unsatisfiable schema: {clip(msg)}")
         if "does not exist" in msg and "Pointer" in msg:

@@ -18,6 +18,7 @@ compiled through those two paths).
 from __future__ import annotations
 
 import json
+import math
 import re
 import warnings
 from typing import Any
@@ -26,7 +27,7 @@ from dgemma_struct.errors import GrammarError
 
 from .safety import MAX_SCHEMA_DEPTH, clip
 
-__all__ = ["WIDE", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
+__all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
            "lone_surrogate", "is_ecma_regex"]
 
 #: numbers at or past this size (as doubles) are kept away from the engine
@@ -56,6 +57,30 @@ def has_wide_number(obj: Any, floats: bool = True) -> bool:
         elif is_wide_number(x) and (floats or isinstance(x, int)):
             return True
     return False
+
+
+#: number bounds this large (or smaller than 1e-15 but not 0) are left out of the grammar copy: llguidance's
+#: range regexes fail near the 64-bit limits ("Failed to generate regex for integer range") and on long
+#: decimals (``minimum: 1e-308`` is a regex parse error); validation checks them exactly
+EXTREME_BOUND = float(2 ** 62)
+_BOUND_KWS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def drop_extreme_bounds(s: dict, dropped: list[str] | None = None) -> None:
+    """Remove extreme number bounds (:data:`EXTREME_BOUND`) from a grammar-copy subschema ``s``; the
+    grammar becomes a superset, and the removed keywords are named in ``dropped``."""
+    for kw in _BOUND_KWS:
+        v = s.get(kw)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        try:
+            a = abs(float(v))
+        except OverflowError:
+            a = math.inf
+        if a >= EXTREME_BOUND or (isinstance(v, float) and 0 < a < 1e-15):
+            s.pop(kw)
+            if dropped is not None:
+                dropped.append(kw)
 
 
 _JSON_DIRECTIVE = re.compile(r"%json\b\s*")

@@ -225,7 +225,7 @@ def _edge(path: tuple, s: dict, seen: dict) -> tuple:
     return None, False, None if not path else "?", None
 
 
-_WIDE = float(2 ** 63)
+_WIDE = float(2 ** 62)  # literals.EXTREME_BOUND: bounds this large are left out of the grammar
 
 
 def _too_wide(v: Any) -> bool:
@@ -237,8 +237,8 @@ def _too_wide(v: Any) -> bool:
 
 def _check_bounds(schema: Any, subs: list | None = None) -> None:
     """Plainly unsatisfiable bounds, where the subschema must hold (:func:`_must_hold`); and number
-    bounds the constrained decoder cannot enforce (a ``minimum`` at or past ``2**63``, a ``maximum``
-    at or below ``-2**63``: no value in range would ever be written)."""
+    bounds the constrained decoder cannot enforce (a ``minimum`` at or past ``2**62``, a ``maximum``
+    at or below ``-2**62``: no value in range would ever be written)."""
     pairs = [("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"),
              ("minContains", "maxContains")]
     seen: dict[tuple, tuple[dict, bool]] = {}
@@ -261,7 +261,7 @@ def _check_bounds(schema: Any, subs: list | None = None) -> None:
             v = s.get(kw)
             if _too_wide(v) and v * sign > 0:
                 raise SchemaError(f"{kw} {v!r} at {fmt_path(path)} is beyond what the constrained decoder can enforce "
-                                  f"(|bound| >= 2**63): no number in range would ever be written", keywords=[kw])
+                                  f"(|bound| >= 2**62): no number in range would ever be written", keywords=[kw])
         lo = [v for v in (s.get("minimum"), s.get("exclusiveMinimum")) if is_number(v)]
         hi = [v for v in (s.get("maximum"), s.get("exclusiveMaximum")) if is_number(v)]
         if lo and hi:
