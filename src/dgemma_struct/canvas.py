@@ -52,6 +52,8 @@ def _evict(run: Run, kept: list[int]) -> None:
     run.cache.batch_select_indices(rows)
     run.sequences, run.attention_mask, run.dec_attn = run.sequences[rows], run.attention_mask[rows], run.dec_attn[rows]
     run.finished, run.passes, run.canvases_left = run.finished[rows], run.passes[rows], run.canvases_left[rows]
+    if run.finished_rows is not None:
+        run.finished_rows = [run.finished_rows[b] for b in kept]
     if run.generators is not None:
         run.generators = [run.generators[b] for b in kept]
     run.row_ids = [run.row_ids[b] for b in kept]
@@ -198,6 +200,7 @@ class CanvasBatch:
             run.attention_mask = torch.cat([run.attention_mask, mask])
             run.dec_attn = torch.cat([run.dec_attn, new.dec_attn])
             run.finished = torch.cat([run.finished, new.finished])
+            run.finished_rows = None
             run.passes = torch.cat([run.passes, new.passes])
             run.canvases_left = torch.cat([run.canvases_left, new.canvases_left])
             run.generators = list(run.generators or []) + list(generators)
@@ -235,8 +238,9 @@ class CanvasBatch:
             on_canvas(canvas_index, run.sequences[:, -run.L:], run.row_ids)
         run.canvases_left -= 1
         # one host read per canvas: who leaves, and their decoder passes
-        flags, passes = torch.stack([(run.finished | (run.canvases_left <= 0)).int(), run.passes.int()]).tolist()
-        leaving = [bool(x) for x in flags]
+        flags, passes, finished = torch.stack([(run.finished | (run.canvases_left <= 0)).int(), run.passes.int(),
+                                               run.finished.int()]).tolist()
+        leaving, run.finished_rows = [bool(x) for x in flags], [bool(x) for x in finished]
         if not self.evicts and not all(leaving):
             leaving = [False] * len(leaving)   # rows stay until all are done (as model.generate)
         out = [FinishedRow(id=run.row_ids[b], tokens=run.sequences[b, run.starts[b]:], passes=passes[b])

@@ -47,6 +47,7 @@ class Run:
     row_ids: list[int] = field(default_factory=list)   # each batch row's id (its place in the caller's list)
     starts: list[int] = field(default_factory=list)    # column where each row's generation begins
     canvases_left: torch.Tensor | None = None          # [B] canvases each row may still run
+    finished_rows: list[bool] | None = None            # ``finished`` on the host (None: read it)
     encoded: int = 0                # columns of ``sequences`` already in the cache
     steps: int = 0
     canvases: int = 0
@@ -130,7 +131,7 @@ def cat_caches(cache, other) -> None:
 def start_canvas(run: Run, canvas_index: int) -> Canvas:
     """1.b A fresh noise canvas; the hook may freeze positions and finish rows up front."""
     model, B, L, device = run.model, run.sequences.shape[0], run.L, run.sequences.device
-    finished_rows = run.finished.tolist()
+    finished_rows = run.finished_rows if run.finished_rows is not None else run.finished.tolist()
     live = [not f for f in finished_rows]
     canvas = random_canvas(B, L, run.V, device, run.generators, rows=live)
     masks = model.model.decoder.create_diffusion_decoder_attention_mask(
