@@ -58,3 +58,15 @@ def test_choice_lists_beyond_the_row_limit_compile_and_walk(hf_tok, n):
     ids = c.tokenize("opt-1234.x")
     r = c.canvas_walker().walk(ids)
     assert r.n_valid == len(ids) and r.accepting
+
+
+@pytest.mark.parametrize("schema,good,bad", [
+    ({"type": "number", "multipleOf": 0.1, "minimum": 0.25, "maximum": 0.35}, ["0.3"], ["0.25", "0.4", "0.2"]),
+    ({"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 1}, ["0", "0.25", "0.75", "1"], ["0.3", "1.25"]),
+    ({"type": "number", "multipleOf": 0.1, "exclusiveMinimum": 0.3, "maximum": 0.5}, ["0.4", "0.5"], ["0.3"]),
+])
+def test_a_decimal_step_between_bounds_compiles_exactly(hf_tok, schema, good, bad):
+    # llguidance's own compile of multipleOf 0.1 in [0.25, 0.35] accepted nothing: the grammar is the enum
+    c = compile_constraint(schema, tokenizer=hf_tok)
+    assert "multipleOf" not in c.semantic_keywords
+    assert all(c.grammar_accepts(t) for t in good) and not any(c.matches(t) for t in bad)

@@ -24,7 +24,7 @@ from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
-from .literals import drop_extreme_bounds, has_wide_number, is_ecma_regex
+from .literals import decimal_step_copy, drop_extreme_bounds, has_wide_number, is_ecma_regex
 from .safety import check_schema_input, clip, engine_guard, is_limit_error
 from .schema_checks import check_schema, is_number, iter_subschemas
 from .schema_checks import jsonschema_rs as _rs
@@ -201,19 +201,7 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
             s.pop("dependencies")  # validated
         mo = s.get("multipleOf")
         if isinstance(mo, float) and not mo.is_integer():
-            # llguidance compiles decimal multipleOf wrongly next to bounds (0.1 in [0.25, 0.35]
-            # accepts nothing; 1.0 is refused for 0.25): validation checks it exactly (Decimal)
-            s.pop("multipleOf")
-            if dropped is not None:
-                dropped.append("multipleOf")
-            # its decimal range regexes also refuse valid values (0.3 in [0.25, 0.35]): with a decimal
-            # step the non-integer bounds go to validation as well
-            for kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-                v = s.get(kw)
-                if isinstance(v, float) and not v.is_integer():
-                    s.pop(kw)
-                    if dropped is not None:
-                        dropped.append(kw)
+            decimal_step_copy(s, dropped)  # llguidance compiles a decimal step next to bounds wrongly
         if wide:
             _drop_wide_ints(s, dropped, wide != "ints")
     return g

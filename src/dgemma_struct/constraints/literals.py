@@ -27,7 +27,7 @@ from dgemma_struct.errors import GrammarError
 
 from .safety import MAX_SCHEMA_DEPTH, clip
 
-__all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
+__all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "decimal_step_copy", "MAX_ENUMERATED_MULTIPLES", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
            "lone_surrogate", "is_ecma_regex"]
 
 #: numbers at or past this size (as doubles) are kept away from the engine
@@ -81,6 +81,51 @@ def drop_extreme_bounds(s: dict, dropped: list[str] | None = None) -> None:
             s.pop(kw)
             if dropped is not None:
                 dropped.append(kw)
+
+
+#: a decimal ``multipleOf`` between bounds with at most this many multiples compiles to their ``enum``
+MAX_ENUMERATED_MULTIPLES = 256
+
+
+def decimal_step_copy(s: dict, dropped: list[str] | None = None) -> None:
+    """The grammar copy of a subschema with a decimal ``multipleOf`` (``0.1``): llguidance compiles it
+    wrongly next to bounds (``0.1`` in ``[0.25, 0.35]`` accepted nothing). With both bounds and at most
+    :data:`MAX_ENUMERATED_MULTIPLES` multiples in range, the grammar is exactly their ``enum`` (``[0.3]``);
+    otherwise the step and the non-integer bounds are left to validation (exact, in Decimal)."""
+    from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
+
+    step = s.pop("multipleOf")
+    try:
+        d = Decimal(repr(step))
+        lo = [(Decimal(repr(s[k])), k == "exclusiveMinimum") for k in ("minimum", "exclusiveMinimum")
+              if _plain_number(s.get(k))]
+        hi = [(Decimal(repr(s[k])), k == "exclusiveMaximum") for k in ("maximum", "exclusiveMaximum")
+              if _plain_number(s.get(k))]
+        if d > 0 and lo and hi and s.get("type", "number") in ("number", ["number"]):
+            a, b = max(lo)[0], min(hi)[0]
+            k0 = (a / d).to_integral_value(ROUND_CEILING)
+            k1 = (b / d).to_integral_value(ROUND_FLOOR)
+            if 0 <= k1 - k0 < MAX_ENUMERATED_MULTIPLES:
+                vals = [k * d for k in range(int(k0), int(k1) + 1)]
+                vals = [v for v in vals if all(v > x if strict else v >= x for x, strict in lo)
+                        and all(v < x if strict else v <= x for x, strict in hi)]
+                if vals:
+                    s["enum"] = [float(v) if v != v.to_integral_value() else int(v) for v in vals]
+                    return
+    except (InvalidOperation, ValueError, OverflowError):
+        pass
+    if dropped is not None:
+        dropped.append("multipleOf")
+    for kw in _BOUND_KWS:  # decimal range regexes refuse valid values (0.3 in [0.25, 0.35]): validation
+        v = s.get(kw)
+        if isinstance(v, float) and not v.is_integer():
+            s.pop(kw)
+            if dropped is not None:
+                dropped.append(kw)
+
+
+def _plain_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 _JSON_DIRECTIVE = re.compile(r"%json\b\s*")
