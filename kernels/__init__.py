@@ -2,8 +2,9 @@
 
 Torch implementations work on any device; Triton kernels (:mod:`.triton_masking`) are used
 automatically for CUDA tensors when ``triton`` is installed. Importing this package never
-imports Triton. The generation loop uses :func:`apply_token_bitmask_`; :func:`masked_stats` is an
-experimental primitive the loop does not call (see docs/kernels.md).
+imports Triton. The generation loop uses :func:`apply_token_bitmask_` (its bitmasks staged by
+:class:`BitmaskStaging`) and, on CUDA for a hook's step, :func:`masked_stats` for the entropies
+(``sampler.entropy_at``; the reproduction path keeps the exact torch operations).
 
 Example::
 

@@ -1,7 +1,8 @@
 """Per-row statistics of masked, temperature-scaled logits (one pass per row on Triton).
 
-An experimental primitive: the generation loop does not call it (it computes its entropies with
-:func:`dgemma_struct.sampler.step_entropy`, bit-identical to transformers); see docs/kernels.md.
+On CUDA the constrained loop takes its entropies from the Triton kernel
+(:func:`dgemma_struct.sampler.entropy_at` with ``backend="auto"``); the unconstrained path keeps the
+chunked torch operations, bit-identical to transformers. See docs/kernels.md.
 """
 from __future__ import annotations
 
