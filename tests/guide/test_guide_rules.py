@@ -145,3 +145,33 @@ def test_ar_mode_masks_and_commits(tok_runtime):
     guide.ar_token(torch.tensor([a]), active)
     guide.drain()
     assert guide.rows[0].walker.frozen_tokens == [a]
+
+
+def test_host_hints_match_the_tensors_the_guide_wrote(tok_runtime):
+    """The loop trusts ``frozen_upto`` / ``done_rows`` / ``touched_spans`` instead of reading the
+    tensors back (issue 22): after every call they describe exactly what the guide wrote."""
+    a = _ids(tok_runtime, "a")[0]
+    walkers = [_walker(tok_runtime, Regex("[a-z]{1,6}")), _walker(tok_runtime, Choice(["hello"])), None]
+    guide = ConstraintGuide(walkers, pad_token_id=0)
+    view = _view(tok_runtime, B=3)
+
+    def consistent():
+        for b, upto in enumerate(view.frozen_upto):
+            assert view.frozen[b].tolist() == [True] * upto + [False] * (L - upto)
+        assert view.done_rows == view.done.tolist()
+
+    guide.start_canvas(view)
+    consistent()
+    assert view.done_rows == [False, True, False] and view.frozen_upto[1] == L   # the choice is all forced
+    guide.mask_logits(view)
+    consistent()
+    assert [s[:2] for s in view.touched_spans] == [(0, 0)] and view.sample_at_pos == [(0, 0)]
+    lo, hi = view.touched_spans[0][1:]
+    masked = torch.isinf(view.logits[0]).any(dim=-1).tolist()
+    assert masked == [lo <= p < hi for p in range(L)]                              # exactly the span was masked
+    view.sample = torch.full((3, L), a)
+    view.accept = torch.tensor([[True, True] + [False] * (L - 2)] * 3)
+    view.accept_rows = view.accept.tolist()
+    guide.accept(view)
+    consistent()
+    assert view.frozen_upto[0] == 2 and view.frozen_tokens[0, :2].tolist() == [a, a]
