@@ -25,6 +25,7 @@ Runtimes: :func:`tiny_runtime` (random weights, builds in ~1 s); fixtures ``embe
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
 from hypothesis import strategies as st
@@ -32,7 +33,8 @@ from hypothesis import strategies as st
 from dgemma_struct.errors import DgemmaStructError, ModelLoadError
 
 __all__ = ["json_schemas", "pydantic_models", "model_from_schema", "schema_instances", "constrained_values",
-           "tiny_runtime", "embedded_runtime", "tiny_random_runtime", "embedded_model_available"]
+           "tiny_runtime", "embedded_runtime", "tiny_random_runtime", "embedded_model_available",
+           "write_gemma4_shaped_tokenizer", "gemma4_shaped_tokenizer_dir"]
 
 WORDS = ("red", "green", "blue", "cat", "dog", "yes", "no", "alpha", "beta", "low", "high", "ok")
 KEYS = ("name", "age", "color", "tags", "ok", "size", "kind", "level", "count", "label")
@@ -316,7 +318,7 @@ def _gemma4_pieces() -> tuple[list[str], list[list[str]]]:
     return vocab, list({(a, b): [a, b] for a, b in runs + merges}.values())
 
 
-def write_gemma4_shaped_tokenizer(out_dir: Any) -> Any:
+def write_gemma4_shaped_tokenizer(out_dir: str | Path) -> Path:
     """Write a synthetic Gemma-4-shaped tokenizer into ``out_dir`` and return the path: 262,144
     SentencePiece-style BPE pieces with ``<0xNN>`` byte fallback (any text encodes), Gemma 4's
     control tokens at their real ids, Gemma 4's ``tokenizer_config.json`` and the DiffusionGemma chat
@@ -324,7 +326,6 @@ def write_gemma4_shaped_tokenizer(out_dir: Any) -> Any:
     token splits differ from the real vocabulary. Takes a few seconds."""
     import json
     import shutil
-    from pathlib import Path
 
     from dgemma_struct.runtime import EMBEDDED_DIR
 
@@ -354,10 +355,10 @@ def write_gemma4_shaped_tokenizer(out_dir: Any) -> Any:
     return out
 
 
-_G4_DIRS: dict = {}
+_G4_DIRS: dict[str, Path] = {}
 
 
-def gemma4_shaped_tokenizer_dir() -> Any:
+def gemma4_shaped_tokenizer_dir() -> Path:
     """:func:`write_gemma4_shaped_tokenizer` into a temporary folder, once per process (later calls
     return the same folder)."""
     import tempfile
