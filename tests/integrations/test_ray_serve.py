@@ -1,17 +1,20 @@
 """examples/ray_serve_app.py on a single-node Ray (127.0.0.1 only), two replicas of the server
-serving a tiny random checkpoint. Takes ~2 minutes on a loaded 2-core machine (Ray start-up plus
+serving a tiny random checkpoint (the probes and /metrics answer through Serve's proxy). Takes ~2 minutes on a loaded 2-core machine (Ray start-up plus
 two replicas importing torch); skipped when ray[serve] is not installed, or with
 DGEMMA_STRUCT_SKIP_RAY=1."""
 from __future__ import annotations
 
-import asyncio
 import os
-import socket
-import sys
-from pathlib import Path
 
-import httpx
-import pytest
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")   # before ray is imported, when this is first
+
+import asyncio  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import httpx  # noqa: E402
+import pytest  # noqa: E402
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'dgemma-struct[ray]')")
 serve = pytest.importorskip("ray.serve", reason="ray[serve] is not installed")
@@ -21,7 +24,10 @@ pytestmark = [pytest.mark.slow,
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_ray_serve_two_replicas(rt, tmp_path):
+def test_ray_serve_two_replicas(rt, tmp_path, monkeypatch):
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)   # 127.0.0.1 stays 127.0.0.1
     rt.model.save_pretrained(tmp_path)
     rt.tokenizer.save_pretrained(tmp_path)
     with socket.socket() as s:
@@ -29,7 +35,10 @@ def test_ray_serve_two_replicas(rt, tmp_path):
         port = s.getsockname()[1]
     sys.path.insert(0, str(EXAMPLES))
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}})
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                                       "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES),
+                                                                                   os.environ.get("PYTHONPATH")]))}})
     try:
         import ray_serve_app
 
@@ -50,6 +59,8 @@ def test_ray_serve_two_replicas(rt, tmp_path):
         assert {r.json()["choices"][0]["message"]["content"] for r in rs} <= {"on", "off"}
         assert bad.status_code == 400 and "error" in bad.json()
         assert httpx.get(url + "/health", timeout=30).json()["status"] == "ok"
+        assert httpx.get(url + "/health/ready", timeout=30).status_code == 200
+        assert "dgemma_struct_requests_total" in httpx.get(url + "/metrics", timeout=30).text
         status = serve.status().applications["dgemma-struct"]
         replicas = status.deployments["DgemmaStructServer"].replica_states
         assert replicas.get("RUNNING") == 2, replicas
