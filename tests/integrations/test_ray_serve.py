@@ -70,3 +70,30 @@ def test_ray_serve_two_replicas(rt, tmp_path, monkeypatch):
         finally:
             ray.shutdown()
             sys.path.remove(str(EXAMPLES))
+
+
+def test_check_health_follows_the_generation_worker(monkeypatch):
+    """Serve's health check fails exactly when the replica's worker thread is down, and its first
+    call waits (bounded) for the warm-up."""
+    import time
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import ray_serve_app
+
+    check = ray_serve_app.DgemmaStructServer.func_or_class.check_health   # the user class's method
+    replica = SimpleNamespace(asgi_app=None)
+
+    def app(alive: bool, warmed: bool):
+        return SimpleNamespace(state=SimpleNamespace(dgemma=SimpleNamespace(batcher=SimpleNamespace(worker_alive=alive)),
+                                                     lifecycle=SimpleNamespace(warmed=warmed)))
+    replica.asgi_app = app(alive=True, warmed=True)
+    asyncio.run(check(replica))
+    replica.asgi_app = app(alive=False, warmed=True)
+    with pytest.raises(RuntimeError, match="worker thread"):
+        asyncio.run(check(replica))
+    monkeypatch.setattr(ray_serve_app, "WARM_WAIT_S", 0.3)
+    replica.asgi_app = app(alive=True, warmed=False)
+    t0 = time.monotonic()
+    asyncio.run(check(replica))          # waits for the warm-up, then lets Serve decide
+    assert 0.25 <= time.monotonic() - t0 < 5
