@@ -60,7 +60,9 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
     ``mode="diffusion"``, ``max_repairs=2``, ``strict=False``, ``fallback=True``,
     ``timeout_s=None``, ``whitespace="compact"``, ``separators=None``, ``progress=True``,
     ``repair_junk=True``, ``close_on_budget=True``, ``temperature=None``, ``top_p=1.0``, ``n=1``,
-    ``thinking=False``, ``max_thinking_tokens=1024``, ``return_details=False``, ``logprobs=None``.
+    ``thinking=False``, ``max_thinking_tokens=1024``, ``return_details=False``, ``logprobs=None``,
+    ``isolate_compile=False`` (compile ``spec`` in a worker process first, so a native crash of the
+    constraint engine on a user-supplied spec is a typed error, not the end of this process).
 
     ``logprobs=k`` (0..20): ``result.logprobs`` holds one
     :class:`~dgemma_struct.results.TokenLogprob` per ``result.token_ids`` entry, with the ``k``
