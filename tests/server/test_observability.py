@@ -215,3 +215,18 @@ def test_stats_and_counters_are_filled_on_every_path(rt, batching):
         before = httpx.get(url + "/health").json()["errors"]
         assert httpx.post(url + "/v1/chat/completions", json={**JSON, "max_tokens": 100000}).status_code == 400
         assert httpx.get(url + "/health").json()["errors"] == before + 1
+
+
+def test_a_compiled_spec_is_not_looked_up_in_the_shared_store_again(rt):
+    from dgemma_struct.server.verdicts import Verdicts
+
+    class Counting(_DictStore):
+        asked = 0
+
+        async def get(self, key):
+            Counting.asked += 1
+            return await super().get(key)
+    with running_app(rt, isolate_compiles=False, warmup=False, verdicts=Verdicts(shared=Counting())) as (url, _):
+        for _ in range(3):
+            assert httpx.post(url + "/v1/chat/completions", json=CHOICE, timeout=60).status_code == 200
+    assert Counting.asked == 1

@@ -1,5 +1,5 @@
 """Batching: requests from the event loop are queued and run by ONE worker thread that owns the
-model. The event loop never runs model code. (docs/server.md, "Batching", says more.)
+model. The event loop never runs model code (docs/server.md, "Concurrency and limits").
 
 * ``batching="continuous"`` (default): requests join a running diffusion batch between canvases
   and leave it as soon as they finish (:class:`~dgemma_struct.continuous.ContinuousScheduler`);

@@ -99,6 +99,7 @@ class ServerState:
             if err.status == 400 and err.code in REMEMBERED_CODES:
                 self.verdicts.remember(key, {"status": err.status, "message": err.message, "code": err.code})
             raise
+        self.verdicts.accept(key)
         if self.metrics is not None:
             self.metrics.compile_seconds.observe(time.perf_counter() - t0)
             self.metrics.compile_cache.labels(outcome="hit" if cache_info().hits > hits else "miss").inc()

@@ -5,7 +5,7 @@ refused at once instead of paying the compile (or a worker) again.
 :class:`Verdicts` is the in-process memory (a bounded LRU with an age limit). ``shared`` plugs in
 a store that outlives one process — e.g. the Ray example's named actor, so a spec refused by one
 replica is refused at once by every other (``examples/ray_serve_app.py``). A shared store is
-asked only on a local miss, bounded by ``shared_timeout_s``; when it does not answer, the compile
+asked only about a spec this process has neither refused nor compiled, bounded by ``shared_timeout_s``; when it does not answer, the compile
 simply runs (a verdict is an optimisation, never a dependency).
 
 Example::
@@ -47,6 +47,7 @@ class Verdicts:
         self.size, self.ttl_s = size, ttl_s
         self.shared, self.shared_timeout_s = shared, shared_timeout_s
         self._local: "OrderedDict[str, tuple[float, dict]]" = OrderedDict()
+        self._ok: "OrderedDict[str, None]" = OrderedDict()   # compiled here: never asked about again
         self._lock = threading.Lock()
         self.counters = {"remembered": 0, "hits": 0, "shared_hits": 0, "shared_errors": 0}
 
@@ -70,6 +71,10 @@ class Verdicts:
 
     async def lookup(self, key: str) -> dict | None:
         """The remembered verdict of ``key`` (an error body: status, message, code), or ``None``."""
+        with self._lock:
+            if key in self._ok:
+                self._ok.move_to_end(key)
+                return None
         found = self._get_local(key)
         if found is None and self.shared is not None:
             try:
@@ -93,6 +98,14 @@ class Verdicts:
                 self.shared.put(key, verdict)
             except Exception:  # noqa: BLE001 - best effort
                 self.counters["shared_errors"] += 1
+
+    def accept(self, key: str) -> None:
+        """``key`` compiled here: later lookups of it answer at once, without the shared store."""
+        with self._lock:
+            self._ok[key] = None
+            self._ok.move_to_end(key)
+            while len(self._ok) > self.size:
+                self._ok.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._local)
