@@ -24,6 +24,9 @@ from tqdm import tqdm
 from dgemma_struct.model_config import (BOS_ID, PAD_ID, SPECIAL_TOKENS, STOP_IDS, TURN_END_ID, chat_template,
                                         embedded_config)
 from dgemma_struct.training.corpus import make_corpus
+from dgemma_struct.training.generalise import make_generalise_corpus
+
+CORPORA = {"default": make_corpus, "generalise": make_generalise_corpus}
 
 
 def build_tokenizer(texts: list[str], vocab_size: int = 2048):
@@ -152,7 +155,7 @@ def loss_on_batch(model, batch: dict, self_condition: bool):
 def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None = None, batch_size: int = 24,
           lr: float = 2e-3, seed: int = 0, corpus_size: int = 60_000, vocab_size: int = 2048,
           threads: int = 2, log_every: int = 25, resume: bool = False, device: str | torch.device = "auto",
-          dtype: str | torch.dtype | None = "auto") -> dict:
+          dtype: str | torch.dtype | None = "auto", corpus: str = "default") -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
 
@@ -163,19 +166,27 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
 
     ``device``: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda[:N]"``; the weights stay float32
     and ``dtype`` is the autocast dtype of the forward (``"auto"``: bf16 on CUDA, none on CPU).
-    Batches are built on the CPU (same random streams on every device) and copied over."""
+    Batches are built on the CPU (same random streams on every device) and copied over.
+
+    ``corpus``: ``"default"`` (:func:`~dgemma_struct.training.corpus.make_corpus`, what the shipped
+    checkpoint was trained on) or ``"generalise"``
+    (:func:`~dgemma_struct.training.generalise.make_generalise_corpus`: random schemas, many
+    layouts and phrasings, held-out families and templates left out). Weights are saved in
+    safetensors shards under 16 MiB, the training state in parts under 16 MiB."""
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     from dgemma_struct.errors import InvalidRequestError, ModelLoadError
     from dgemma_struct.runtime import resolve_device, resolve_dtype
 
+    if corpus not in CORPORA:
+        raise InvalidRequestError(f"corpus must be one of {sorted(CORPORA)}, got {corpus!r}")
     dev = resolve_device(device)
     amp = resolve_dtype(dtype, dev)
     if amp == torch.float16:
         raise InvalidRequestError("fp16 training needs loss scaling, which train() does not do; use bf16 or fp32")
     out_dir = Path(out_dir)
     state_path = out_dir / "train_state.pt"
-    if resume and not state_path.exists():
+    if resume and not (state_path.exists() or state_path.with_name(state_path.name + ".000").exists()):
         raise ModelLoadError(f"--resume: {str(out_dir)!r} holds no saved training state ({state_path.name}); "
                              "train without --resume first")
     torch.set_num_threads(threads)
@@ -184,7 +195,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     gen = torch.Generator().manual_seed(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    corpus = make_corpus(corpus_size, seed=seed)
+    corpus_name, corpus = corpus, CORPORA[corpus](corpus_size, seed=seed)
     log: list[dict] = []
     if resume:
         tokenizer = AutoTokenizer.from_pretrained(out_dir)
@@ -204,7 +215,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     step, seconds_before = 0, 0.0
     if resume:
-        state = torch.load(state_path, weights_only=False, map_location="cpu")  # the optimizer moves its own
+        state = load_state(state_path)  # the optimizer moves its own
         opt.load_state_dict(state["optimizer"])
         step, seconds_before = state["step"], state["seconds"]
         rng.setstate(state["rng"])
@@ -217,7 +228,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
 
     def checkpoint() -> None:
         save(model, tokenizer, out_dir)
-        torch.save({"optimizer": opt.state_dict(), "step": step, "seconds": seconds_before + time.time() - start,
+        save_state({"optimizer": opt.state_dict(), "step": step, "seconds": seconds_before + time.time() - start,
                     "rng": rng.getstate(), "gen": gen.get_state(), "torch_rng": torch.get_rng_state()}, state_path)
         (out_dir / "training_log.json").write_text(json.dumps(log))
 
@@ -254,7 +265,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     checkpoint()
     total_s = seconds_before + time.time() - start
     meta = {"steps": step, "minutes": round(total_s / 60, 2), "batch_size": batch_size, "lr": lr,
-            "seed": seed, "corpus_size": corpus_size, "vocab_size": len(tokenizer), "parameters": n_params,
+            "seed": seed, "corpus": corpus_name, "corpus_size": corpus_size, "vocab_size": len(tokenizer), "parameters": n_params,
             "canvas_length": config.canvas_length, "threads": threads, "device": str(dev),
             "autocast": None if amp == torch.float32 else str(amp).removeprefix("torch."),
             "schedule": "steps" if max_steps is not None else "wall-time"}
@@ -276,7 +287,37 @@ def default_generation_config():
         eos_token_id=list(STOP_IDS), pad_token_id=PAD_ID, bos_token_id=BOS_ID)
 
 
+PART_BYTES = 15 * 2**20  # every file a checkpoint writes stays under 16 MiB
+
+
+def save_state(state: dict, path: Path) -> None:
+    """``torch.save(state)`` written as ``path`` (when it fits in one part) or ``path.000``, ``path.001``, …"""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = buf.getvalue()
+    for old in list(path.parent.glob(path.name + ".*")) + ([path] if path.exists() else []):
+        old.unlink()
+    if len(data) <= PART_BYTES:
+        path.write_bytes(data)
+        return
+    for i in range(0, len(data), PART_BYTES):
+        path.with_name(f"{path.name}.{i // PART_BYTES:03d}").write_bytes(data[i:i + PART_BYTES])
+
+
+def load_state(path: Path) -> dict:
+    """What :func:`save_state` wrote."""
+    import io
+
+    parts = sorted(path.parent.glob(path.name + ".[0-9][0-9][0-9]"))
+    data = path.read_bytes() if path.exists() else b"".join(p.read_bytes() for p in parts)
+    return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+
+
 def save(model, tokenizer, out_dir: Path) -> None:
     model.generation_config = default_generation_config()
-    model.save_pretrained(out_dir, safe_serialization=True)
+    for old in out_dir.glob("model*.safetensors*"):
+        old.unlink()  # a shard count that changed leaves no stale shard behind
+    model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="15MB")
     tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,309 @@
+"""Property names harvested from JSONSchemaBench (the field-name vocabulary of the generalisation corpus).
+
+The 3,000 names that occur in at least two schemas of the subsets Github_*, Glaiveai2K, Kubernetes,
+Snowplow, WashingtonPost, JsonSchemaStore, MCPspec, Handwritten and Synthesized (BFCL_* and JME,
+whose licences were not checked, are left out), most frequent first, filtered to plain identifiers
+(lower-case start, snake_case or camelCase, 3-24 characters). JSONSchemaBench (Geng et al. 2025,
+arXiv:2501.10868) is MIT-licensed as a compilation (its Hugging Face dataset card); single property
+names are common identifiers, and only the names (no schema, description or instance) are kept.
+
+    >>> NAMES[:3], len(NAMES) >= 2000
+    (('name', 'type', 'description'), True)
+"""
+from __future__ import annotations
+
+NAMES: tuple[str, ...] = tuple("""
+name type description value version width height title shape radius length path dimensions url key base items status
+time kind namespace uid apiVersion metadata tags email links port message labels source image data annotations
+resourceVersion config location user options values operation quantity host controller manager generation selfLink
+deletionTimestamp creationTimestamp clusterName fieldsType blockOwnerDeletion finalizers generateName price
+managedFields ownerReferences label target role details group operator locale resources reason spec phase text mode
+resource format content uri password service command matchExpressions body state keywords category address size
+username parent priority organisations note enabled protocol policy_areas args default base_path document_type
+language topics first_published_at public_updated_at publishing_app schema_name analytics_identifier need_ids
+rendering_app date weight level children meta customer_name readOnly matchLabels schema hostname properties required
+policies code inputs env updated_at dependencies parameters files driver ports template conditions timeout system
+fieldPath prefix lastTransitionTime selector max routes cpus fsType volume public_timestamp secretName min server
+change_history platform repository region facet_values finder web_url count taxons mainstream_browse_pages
+ordered_related_items facet_groups explanation author registry lead_organisations meets_user_needs volumes revision
+content_id continue available_translations api_url withdrawn_notice withdrawn_at redirects remainingItemCount
+country project tag license publishing_request_id child_taxons api_path document_collections secretRef ministers
+part_of_step_navs level_one_taxons topic_taxonomy_taxons secondary_to_step_navs role_appointments
+related_to_step_navs optional file update_type sources limits method end_time href security latitude longitude
+gateway privileged timestamp mem comment endpoints hostPath city directory secret scheme partition end_date summary
+exclude volumeName start_date created_at requests slug context build timeoutSeconds icon users pool tty attributes
+branch monitors serializer error foo position module tenant lun keyring color rules sslEnabled portals bar action
+domainId containerName volumeNamespace iscsiInterface initiatorName chapAuthSession shareName storageMode
+volumeAttributes chapAuthDiscovery targetPortal nodePublishSecretRef secretFile iqn protectionDomain storagePool
+active datasetName authorIdentity customData token identifier from divisor matchFields wwids diskName
+storagePolicyName cachingMode pdName volumePath additionalProperties homepage nfs namespaces created cephfs csi
+flexVolume cinder gcePersistentDisk glusterfs rbd awsElasticBlockStore iscsi portworxVolume vsphereVolume storageos
+flocker azureDisk quobyte photonPersistentDisk azureFile audience start_time scope subject destination effect domain
+website nodeSelectorTerms params pattern owner resourceFieldRef fieldRef configMap nodeName provider filename
+capabilities test nodeAffinity user_id defaultMode instances scripts medium side_length index valueFrom environment
+sysctls expirationSeconds bulk_publishing previous_version fields exec periodSeconds order stdin runAsUser
+seLinuxOptions feature volumeMounts tolerations configMapKeyRef secretKeyRef headers creationDate duration filter
+side add mountPath httpHeaders tolerationSeconds page groupId serviceAccount timezone sdm encryptedDigest
+labelSelector serviceAccountToken devicePath runAsGroup paths authors etag caption containerPort mountPropagation
+subPathExpr subPath drop hostPort topologyKey allowPrivilegeEscalation configMapRef readOnlyRootFilesystem sizeLimit
+nodeSelector claimName unit number database local emptyDir projected runAsUserName gmsaCredentialSpec
+persistentVolumeClaim httpGet gitRepo tcpSocket envFrom gmsaCredentialSpecName additional_properties amount
+last_name first_name preference start channels lastUpdated condition ignore content_type change_note dockerfile
+podAffinityTerm supplementalGroups fsGroup windowsOptions overhead runAsNonRoot preemptionPolicy offset src services
+attachments containers imagePullPolicy successThreshold plugins field replicas applicationId securityContext
+failureThreshold initialDelaySeconds procMount hostNetwork postStart imagePullSecrets preStop network interval
+storage readinessProbe workingDir lifecycle publishing_scheduled_at livenessProbe stdinOnce volumeDevices
+terminationMessagePath startupProbe terminationMessagePolicy output hostnames restartPolicy apiGroup contributors
+content_purpose_subgroup podAntiAffinity podAffinity conditionType nameservers targetContainerName
+fsGroupChangePolicy searches maxSkew whenUnsatisfiable end encoding affinity dnsPolicy current extra flags include
+modules email_document_supertype schedulerName ephemeralContainers hostAliases initContainers shareProcessNamespace
+enableServiceLinks runtimeClassName subdomain readinessGates dnsConfig priorityClassName activeDeadlineSeconds
+serviceAccountName alias devices theme builtin categories property apiGroups vendor firstName subtype comments
+caBundle repo payload_version govuk_request_id expanded_links last_edited_at alt_text lastName delete memory
+artifactId auth_bypass_ids access_limited events groups currency class external postal_code locality arguments
+keyword actions settings rule roles scale serviceName projectId extends replace alignment configuration entrypoint
+deploy aliases docker input profile pid published repositories affiliation artifacts object search languages package
+dns nodes capacity embed verbs errors modified ref maximum cache date_range observedGeneration street_address style
+score device organization year metrics frequency street event credit check_in_date check_out_date company limit enum
+minimum global releases contents info copyright versions uuid enable createdAt auth subtitle created_by header
+request query phone help require reference addresses tax_rate not middle_name result payload display parent_id
+constraints json include_uppercase public locations commands contentType debug disabled overrides images sections
+logo account notes product displayName signature model targets types site curie names basic range geo working_dir
+browse_pages bin price_range include_numbers averageValue oneOf defaultValue client_name updated main placeholder
+primary steps participants profiles expose issues additional_topics primary_topic display_name link units columns
+runtime verbose container_name container backend dateTime domainname sync push mac_address restart product_name
+release filters response lat startDate delay redirect strategy include_lowercase accessModes userId login root
+unit_price scopes line extensions deviceIds deviceTags minLength definitions env_file read_only packages
+restrictions gender step origin background assets variant custom http maxLength security_opt item_name volumeMode
+storageClassName startTime confidence severity logging retries archive endpoint tls wait irc government hard
+nullable clientConfig scheduling extra_hosts cap_drop cap_add dns_search subjects flat channel hash open proxy hosts
+publisher file_size run last_event_ref updater_ref creator_ref download apply stdin_open external_links
+external_related_links number_of_pages accessible parallelism features triggers outputs results day month endDate
+metric age cpu regex column machineType update operations patternProperties totalCount docs servicePort
+high_resolution_url attachment_type preview_url support appVersion averageUtilization maxUnavailable log success
+preview messages period instructions schedule requirements referent detail wiki example related contributor api_key
+maxItems dockerImage minItems manifests helm chartPath gitCommit namespaceSelector client_id force visibility
+source_id app script customer expression source_url guid allOf anyOf updated_date css_class disable org install
+suffix variables aside cluster first_public_at primary_site awards buildArgs bazel ingress lastProbeTime
+resourceNames contact bio gid contentId stages publication_id domains api workflow locales sites sortDirection
+planning networking education googleCloudBuild tagPolicy kubectl recreatePods kustomize publication alg list sort
+hits newname credits changes deviceId match revision_id editions dest provide sortField setValueTemplates
+pullSecretName setValues fqn useBuildkit kaniko cacheFrom envTemplate diskSizeGb imageStrategy remoteManifests
+packaged edition_id interest_rate mountOptions creation_event referent_properties latest_event coordinates total
+self zip mimeType permissions left route internal division embargo sponsored close canonical_url series cert
+autoload conflict ipc emphasised_organisations forum valuesFiles attendees total_amount min_price max_price
+salary_range edition_time billing_address measurements postalCode brand layout bucket certificate country_name
+validation msg algorithm company_name content_code last_updated_date taxonomy artifact minProperties restriction_id
+subcategory display_date suggest image_type pullSecret structureTests source_type status_code minReadySeconds
+platform_path references rel credentials post_office_box extended_address architecture symbol purpose extension
+dataType authentication watch cmd external_distribution created_date networks people additionalItems link_url
+tracking persistence processor expand planned_publish_date inch_count_actual word_count_planned
+scheduled_publish_date inch_count_planned will_have_gallery will_have_graphic will_have_video story_length
+word_count_actual will_have_image maxProperties exclusiveMinimum exclusiveMaximum multipleOf cgroup_parent classmap
+useragent concurrency secrets reference_id rollingUpdate apiVersions named_entities auxiliaries keys baz fileName
+rating component members publicKey top direction statusCode ttl pages platforms cidr projects distance stats failure
+methods attribution perPage filterField icons verb volumes_from soft manual patches except include_symbols
+readyReplicas nodeStageSecretRef endpointsNamespace volumeHandle secretNamespace display_comments line_count_planned
+budget_line character_count_planned character_count_actual allow_comments stock_symbols byline character_encoding
+websked_sort_date seo_keywords line_count_actual internal_note headlines comments_period deadline_miss
+primary_section edit_url moderation_required redirect_url associated_tasks templates dog appId grade opacity readme
+vars exitCode configurations ssl disk deviceName remote minimumHealthCapacity maintainers globals align gcsBucket
+documentation cpuset cpu_shares mem_limit ulimits political depends_on first_publish_date distributor
+content_restrictions vanity_credits award_name socialLinks subheadlines book_url photos_by publish_date
+content_aliases expertise focal_point promo_items social_links related_content school_name long_bio book_title books
+pitches syndication editor_note short_url licensable components sku lon new temperature webhook stage all lang right
+row sender collection regions notifications parentId strict maps_to related_policies policy maximumOverCapacity
+tracker link_text doc dialogue topic memswap_limit buildContext dockerConfig mavenImage gradleImage kubeContext
+claimRef next rows private mappings dist urls cost secure tests parameter carrier tasks hidden skipTests table html
+identifiers is_required client sequenceName external_access noData collapse localisation abandoned buildCommand
+shm_size localDir activation skipBuildDependencies shared upgrade loan_term appProtocol sg_message_id sg_event_id
+orientation flag init rate app_id preferences attribute area allowed item symbols abstract engine commit plugin
+defaults dataSource os_family net relationships integrityProtection sequenceProtection rightPanelEnabled
+collapseFull moreInfoRightPanel embedTemplate helpDialogue pagingEnabled panelAnimationDuration exitFullScreen
+entireFileAsOriginal panelOpen panelExpandedWidth downloadDialogue fullScreen preserveViewport genericDialogue
+noneAvailable settingsDialogue holdingText customSize panelCollapsedWidth footerPanel expandFull plural stop_signal
+lastUpdateTime uniqueItems country_code expr family warnings string first ipaddress node sample_date jurisdiction
+fabric_fq_name webhooks contexts function includes emails topical_events documents interface more threshold resolved
+secretAccessKey accessKeyId graph engines licenses fullName thumbsLoadRange oneColThumbWidth pageModeEnabled
+galleryThumbHeight thumbsExtraHeight thumbsEnabled twoColThumbHeight oneColThumbHeight treeEnabled galleryThumbWidth
+twoColThumbWidth elideCount bind network_mode ready cuisine failurePolicy sideEffects admissionReviewVersions
+completions shortNames externalDocs asm_group_id updatedAt clientId session project_id imageUrl loop github cron
+transform only resolution subnet maintainer heap excludes tmpfs event_id classification seconds started window
+recipient deviceClass retrieved_at event_name singular monitor imports loadBalancer discount useHelmSecrets
+initImage localPort original_price down_payment currentReplicas revisionHistoryLimit collisionCount subresource
+evaluationError objectSelector matchPolicy backoffLimit availableReplicas ttlSecondsAfterFinished topologyKeys
+statusReplicasPath allocatable manualSelector specReplicasPath pathType pods labelSelectorPath os_name export last
+avatar variable expires servicename stack maxAge speed entity isbn bottom manufacturer css company_number publish
+rss twitter conversion delimiter grid resourceType deprecated workingDirectory fill framework world_locations edges
+ranges pii_impact aggregation external_access_port browser organisation application padding timeUnit minimiseButtons
+pessimisticAccessControl less volume_driver healthcheck capath cafile ipam driver_opts stop_grace_period
+departure_date insecureRegistries discounts loan_amount roleRef rank geometry cat event_type order_items term minor
+ids resource_uri objectType identity ext pos jobs progress retry folder video mac stdout levels grades points create
+branches axis shell repos screenshots access dir threadId outcome degradedResourceLogin loginDialogue
+bookmarkThumbWidth bookmark limitLocales openTemplate bookmarkThumbHeight degradedResourceMessage openEnabled
+startedAt userns_mode noCache strip date_of_birth customer_details persistentVolumeName inlineVolumeSpec
+describedObject arch pets builder organization_id shortDescription gotopriorityexpression undefhits machine refresh
+lines oid skills sortOrder outputIds insert elements queues relation when anatomical br_family targetRef countryCode
+virtual_host styles usage anchor controls privateKey byteLength headerPanel log_driver embedDialogue parallel signal
+return_date credit_hours resourceAttributes nonResourceAttributes listKind occurred processed checksum family_name
+recipients angle short_name access_token published_at phoneNumber servicetype nodeid view readonly datetime item_id
+logs task blocks glob placement program map selected entries app_name skipImport sensors error_message vlan binary
+throttle baseline charge freesurfer_license precision legend prepare passengers environments states trigger cwd uris
+image_ref host_volume fontSize discount_percentage brexit_no_deal_notice jibGradle jibMaven subscriptionId optimize
+coupon environmentVariables resourceName event_title nonResourceRules resourceRules kubeletConfigKey
+conversionReviewVersions maxSurge android_channel ios_channel amazon_channel named_user_id effective_date cancel
+other_attributes given_name patch multiple tracks seq colors policyname workspace className begin spread commitId
+iconUrl desc admin immutable code_scheme_id address_country shareholders number_of_shares percentage_of_shares
+abbreviation contains heading codigo frames definition stderr raw filesize bitrate compression place drivers
+metricName classes inlineTemplate viewEncapsulation depth lng bundle cookies package_name file_name baseUrl clip
+ingredients terms percentage executable preset endTime collections git nationality autoplay processors fontStyle
+fontWeight denied bookmarkEnabled log_opt products minWidthBreakPoint import symlink cache_from propagation
+portForward fax_number updateStrategy audiences doc_width br_features_gears os_timezone etl_tstamp br_cookies
+page_title ti_quantity txn_id pp_xoffset_min mkt_campaign doc_height mkt_term ti_orderid geo_longitude
+domain_sessionidx page_urlfragment pp_xoffset_max user_ipaddress br_lang ip_netspeed geo_latitude ti_price
+domain_userid br_name br_viewwidth geo_city refr_urlfragment page_referrer br_features_java name_tracker doc_charset
+ti_name geo_zipcode tr_tax refr_medium page_urlscheme mkt_content dvce_ismobile br_features_pdf os_manufacturer
+se_action tr_orderid page_urlpath page_urlhost pp_yoffset_max refr_urlscheme refr_urlhost br_features_silverlight
+ip_isp pp_yoffset_min tr_state br_type geo_country se_category refr_source br_renderengine br_features_director
+se_label br_features_windowsmedia mkt_medium ip_domain refr_urlport br_features_realplayer br_features_quicktime
+tr_country refr_urlquery br_version tr_affiliation page_urlquery collector_tstamp ti_category network_userid tr_city
+mkt_source br_viewheight refr_term geo_region_name dvce_screenheight se_property br_features_flash br_colordepth
+page_urlport user_fingerprint ti_sku tr_total se_value refr_urlpath dvce_screenwidth tr_shipping page_url geo_region
+dvce_type distribution minValue suffixes major mark patterns home manifest translations beta doc_type repoName
+choices bytes valueType health libraries post tool lintFix filing_type_name filing_type_code identifier_system_code
+con_date share_class remove connection windows createdBy connect diag eventId select queue any issuer hooks
+separator define save_outputs endColumn endLine requires aggregate graphs sourceType logLevel operatingSystem
+snippet jurisdiction_code tax passphrase processId destination_ip source_ip experienceVersion leftPanelEnabled
+alternative_url auto hashes check previous_names persistentLogs conclusion max_attempts font company_type
+replacements explicitRegistry reproducible jib infer end_datetime start_datetime min_salary max_salary
+updatedReplicas attachmentMetadata attachError attached detachError attacher jsonPath scaleTargetRef minReplicas
+served queueLengthLimit handSize ipBlock finishedAt podSelector fullyLabeledReplicas additionalPrinterColumns
+maxReplicas lastScaleTime subresources running clusterRoleSelectors desiredReplicas ti_currency mkt_clickid
+tr_currency mkt_network tr_tax_base refr_domain_userid etl_tags refr_dvce_tstamp tr_shipping_base geo_timezone
+tr_total_base ti_price_base dvce_sent_tstamp base_currency inline hints integration_auth_token rev orgId accessToken
+publication_date objects alt organizationId messageId institution visible streetAddress mobile overwrite schemaType
+createdOn android availability npm layers servers preload element doi implementation data_type zone group_id
+provides replaceWith stream_type audio_codec filterType send ownerType launchpad_id round loglevel markdown
+character web stroke strokeWidth examples schema_version locked inlineStyle netmask appflowlog routing functions
+organizationName history nifti trace timeFormat diff zwaveVersion saveLogs allow devel_dependencies bug_reporting
+code_repository git_head creators protocols fabric_uuid cookie integrationId serverAddress node_ref user_name owners
+selectPolicy sourceMap endPoint specification attempts tools displayOrder executor reservations update_config
+failure_action max_failure_ratio restart_policy invocation service_name isolation configs equal nocopy consistency
+kanikoImage registered_agent_name current_status filings number_of_employees home_company_number officers
+alternative_names dissolution_date headquarters_address share_parcels voting_percentage_min registered_agent_address
+industry_codes registered_address mailing_address voting_percentage_max home_legal_name percentage_of_shares_min
+percentage_of_shares_max country_of_residence total_shares jurisdiction_of_origin voting_percentage
+entity_properties surviving_company person_uid entity_type telephone_number registry_url legal_form merged_into
+all_attributes incorporation_date numbers burst qps pathPrefix scopeName podFixed smtp_events resends opens clicks
+newsletter_user_list_id newsletter_send_id newsletter_id newsletter gallery_properties previous associations
+channel_info handle full_name schemas append question slots power directories val root_password nickname
+servicegroupname secondary team serial stream isActive chapters sequence timeZone salt props updated_by fingerprint
+responseCode expirationDate applications zoom tsConfig process set linux ownerId failed humidity unique
+changeDetection backgroundColor client_secret priceUnit serviceFeatures minimumContractPeriod educationPricing
+serviceSummary serviceBenefits priceMin supportForThirdParties seed serverport serverip downstateflush clttimeout
+curstate userAgent sum fixes theta ver activity synonyms share balance questions mimetype depends ruleId behavior
+master parts objectId parameterName layer keyFile other forbiddenResourceMessage manifestExclude canvasExclude
+feedbackEnabled mib ospf applicable introduction start_period includePaths codec frameworks cpu_quota logTemp
+pollingTime pollingTimeSec zwaveCompany zwaveInfo dead pollingTimeNext productInfo showChildren playlist zero
+gracePeriodSeconds suspend interpolate preprocess shasum renewTime replacement azure ticks depot allow_ssl_downgrade
+setFiles timeAdded queuing waiting clusterScope terminated marketing_campaign_id marketing_campaign_name schemaKey
+event_vendor domain_sessionid dvce_created_tstamp event_version event_fingerprint true_tstamp derived_tstamp
+ip_organization event_format identifier_type diagnostic_data modifier array packageName lock thumbnail licenseUrl
+filled contacts user_agent acknowledged snapshot isdefault segments svrstate person projectName updates mesh
+material agent acl repeat reasonPhrase acronym tooltip headline species asset excludeFiles buttons descricao valid
+silent about companies sourceDir transparency encrypted pubTopics subTopics dryRun core general lib course
+resultDescription tables development variants flavor vatIncluded priceMax priceInterval serviceTypes descriptor
+transport servername mtu addons copy with measurement startColumn startLine inherits serialNumber income media
+stacks quiet translate implements deny closed flowCount deviceCount webhookCount flowId python shipping releaseNotes
+entry schemaVersion verbosity track_id project_name awsRegion exception gatewayId weekdays nameSpace
+minimumAgentVersion child textLimitType embedEnabled textLimit contentLeftPanel thumbnails dimension dependsOn wales
+england northern_ireland scotland treeViewLeftPanel fillOpacity acknowledgements attemptNumber margin testCase
+requestNodeNeighborState pushNotificationType needConfigure deviceControlType associationView classSupport
+associationSet useTemplate classVersion smsNotificationType deviceIcon isBatteryOperated emailNotificationType
+lastSetValue parametersTemplate remoteGatewayId userDescription classConfigure classGeneric pollingRetryError kafka
+virtual_network_name topology stream_id prepack postpack warningsAsErrors attachable endpoint_mode container_type
+maxbins nice exponent orient clamp mirrors pullSecretMountPath number_of_guests shape_type property_tax
+holderIdentity versionPriority reinvocationPolicy lastScheduleTime preserveUnknownFields allowedRuntimeClassNames
+groupPriorityMinimum leaseTransitions concurrencyPolicy failedJobsHistoryLimit acceptedNames attachRequired
+startingDeadlineSeconds volumeLifecycleModes jobTemplate ingressClassName targetPort leaseDurationSeconds
+defaultRuntimeClassName storedVersions podInfoOnMount currentMetrics lastObservedTime acquireTime occurredAt
+campaignId derived_contexts unstruct_event schemaCriterion sslMode push_id content_elements experimental warning
+bbox maxValue firstname groupName resource_type admin_password httpMethod old secretKey expires_in emailAddress
+segment verified partitions hour mapping destport speaker alpha ios option authenticated connectorId transactionId
+season col green slot apiAccess integration standard deployment bidfloor list_id altitude crs center interfaces
+userName deleted skipInstall dropcap volume_size httpOnly fallback since head document minimal fixed log_level
+sample incidentEscalation vendorCertifications terminationCost supportResponseTime supportAvailability supportTypes
+worldwide_organisations quality mime_type correlationGuid tcp authorization cip monstatcode apps sortBy sourceId
+bridge blockType and transactions validate aid error_name bugs extent onActions solution interactive telephone actor
+generator providers mediaType declared_license report chat openSource lot persistentStorage devDependencies zip_code
+reporter ipmi maven section poster_image_ref border eventTime used chart secret_name mariadb attributeBlacklist
+maxAgeToggle uiId directoryAdded customNodeConfig inputCount fileChanged fileAdded triggerId fileRemoved outputCount
+directoryRemoved validMin samplingInterval validMax writeOnOpen securityMode resultMode allowedAttributeType
+attributeWhitelist timerTypeSelect baudRate securityPolicy eventFilter bulkInsert parseBy validRegExp timeAt
+release_name project_sources tag_from tag_to eid zoomOut trimAttributionCount zoomIn downloadEnabled load wifi ntp
+parliamentary_session unnumbered_hoc_paper unnumbered_command_paper command_paper_number unique_reference
+hoc_paper_number national_applicability child_section_groups child_sections will_continue_on more_information
+content_ids internal_name crest formatted_title max_cache_time poll preserveSymlinks nodefaultbindings bgp serve
+longitudinal intermediate_files save_intermediate_work intermediate_folders gridColor skip configSpec svnIdentifier
+ccCompositeIdentifier gitIdentifier repoUri vobs hgIdentifier verdict kerberos_enabled client_sasl_mechanism
+virtual_network_enabled kerberos_keytab_secret kerberos_jaas_secret client_security_protocol zookeeper_connect
+websites lint secondaryFiles loadContents inputBinding streamable cwlVersion allowUnsafe frameworkAssemblies
+prerestore compilationOptions postrestore languageVersion credential_spec fingerprints aac_is_sbr stereo_mode
+global_tags playlist_chapters codec_id tag_artist recognized supported tag_bitsps audio_channels codec_private_data
+track_name display_dimensions enabled_track packetizer codec_private_length tag_title next_segment_uid
+audio_sampling_frequency playlist_size default_track num_entries audio_bits_per_sample playlist_duration tag_fps
+default_duration other_file track_tags previous_segment_uid forced_track segment_uid tag_bps sub_stream_id
+text_subtitles pixel_dimensions partner_text partner_url keyJson strokeOpacity titleMaxLength calculate
+strokeDashOffset tension facet strokeDash tickSize numberFormat minstep decoratedName responseFiles baselineState
+relatedLocations fullDescription logicalLocations physicalLocation commandLine uriBaseId runs analysisTarget helpUri
+importance codeFlows innerExceptions semanticVersion ephemeralStorage resourceStorage order_details
+special_characters matchLabelExpressions taints osImage lastState scaleUp sizeBytes kernelVersion kubeletVersion
+restartCount metricSelector groupVersion assigned lastKnownGood defaultRequest assuredConcurrencyShares
+lastHeartbeatTime webhookClientConfig nodePort globalDefault aggregationRule maxLimitRequestRatio scaleDown
+limitResponse containerRuntimeVersion kubeProxyVersion kubeletEndpoint changeSource portalId subaccount item_list_id
+location_id item_list_name item_brand item_variant item_category progressToken geometries license_key nonce
+retailops_order_id channel_order_refnum phone_number lastname deleted_at creator postcode integer refresh_token
+grant_type signerName supplierId jsonrpc realm orderId until entities undefaction labeltype referencecount reload
+department circle num supportedGameModes sets blue red transaction models iface taxa bits use highlight
+skipPackageJson publisher_type after before dateCreated situacao filePath givenName familyName postedSlides
+middleName show correction_type basePath accessKey tableName loader sslCert endpointDefaultCors pressure genre games
+quarter statement libs changelog menu due_date email_alert_signup rights extracted facebook clean cloud
+tcpprofilename netprofile cipheader sesstimeout inventory record selection permission experiment stop stackTrace
+stargazers_count subscribers_count open_issues_count weekly last_year_commits forks_count freesurfer classifications
+high low event_date max_age largeImageUrl message_ref envelope_id http_code bounds experience tid scm closing_date
+liveLogs outputPath predicate cli ecosystem compiler keyCount serviceOffboarding dataExtractionRemoval
+dataBackupRecovery selfServiceProvisioning networksConnected datacentreTier freeOption trialOption
+openStandardsSupported serviceOnboarding guaranteedResources elasticCloud reject connectionString phases street_no
+currentVersion succeeded cta_text animation responses mysql usages deviceRecipeCount experienceUserCount
+experienceVersionCount experienceGroupCount experienceEndpointCount integrationCount fileCount experienceViewCount
+dataTableCount experienceGroupIds iconData mail_lists gerrit_id module_groups module_group_name cursor publications
+webroot wireless guests pdfCenterPanel usePdfJs titleEnabled get over vlans discovery footer listen make cell
+dialect deps num_threads digest effects editor executionType osVersion fullyQualifiedName buildpack outputBinding
+group_add dns_opt oom_score_adj mem_swappiness mem_reservation revenue is_providing_timecodes pre_render_code
+header_text post_render_code show_border show_header view_all_text view_all_url order_date childAttributes
+keepDuplicates aggregationOptions attributeTags systemInterval production labelAlign milliseconds bandSize
+shortTimeLabels labelBaseline gridOpacity labelColor hours labelAngle runImage buildpacks transaction_id
+meeting_title provisioner currentAverageValue targetAverageValue paused campaign referrer ipAddress maxError roleArn
+website_section website_url taxonomies shipping_address removed regexp checksums locked_at advanced paging lastPage
+mask videos read uptime sub img answer completed loc library records direct logaction labelname destip sourceName
+nome latest tokens customer_id asset_type request_id permanent scores timeline apikey transfer firmid lazy
+browserTarget voice artist generic valueTemplate corrections recursive pass outDir masterId accountId justification
+exceptions configFile returnType store htmlLabel includeDevices constraint issue subject_id batteryLevel relations
+resourceId frontend shadow essentialRequirements niceToHaveRequirements eventType remotePath profilename
+sslinterception merge maxreq maxclient statechangetimesec vxlan ifnum postpublish prepublish clientSecret prompt
+opts refs legalName device_count rooms registration jsx rarity overlay listeners validator track member deviceType
+fix formats volumePermissions deviceDescription priceString companyName state_name constant start_date_type
+file_format cur insurance out matches mimes maxduration registries instance interface_filters currencyCode roots
+titles clear pipelines flow message_id dates blob postgresql birthdate launch_text middleware mount listMode
+layerType block getAll applicationName dataTableId commandName createdById createdByType flowClass hreflang console
+headless locationId mediaelementCenterPanel manifestHeader canvasHeader sysDescr_regex sysDescr nobulk
+ignore_mount_string mib_dir processor_stacked snmpget ifXmcbc diskio good_if ipSystemStats ifname bad_snmpEngineTime
+bad_hrSystemUptime netstats bad_if sysDescr_except mempools toner snmpget_except bad_uptime discovery_modules
+empty_ifdescr vrf register_mibs sysDescr_regex_except bad_if_regexp poller_modules mef loadbalancers stp paid
+filter_key combine_mode filter_value redis stylePreprocessorOptions httpprofilename privacypolicy sizes
+containerPath ciphers contracts dependency crop text_notes_private decompress_dicoms bids_sidecar compress_nifti
+brew architectures milestones tracing large strings change minify typescript cluster_name provenance
+bootstrap_servers upgradeStrategy device_write_iops device_read_bps device_read_iops device_write_bps indentation
+compile ts_pid playlist_file budget gallery_ref timeline_ref principal kubernetes matrix dateModified nextPage
+handler labelFont
+""".split())

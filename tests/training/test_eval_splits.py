@@ -1,0 +1,30 @@
+"""The constrained evaluation reports in-distribution, held-out families and held-out phrasings apart."""
+import pytest
+
+from dgemma_struct.testing import embedded_model_available
+from dgemma_struct.training.eval_splits import evaluate_splits, leaf_accuracy
+from dgemma_struct.training.generalise import EVAL_SPLITS
+
+
+def test_leaf_accuracy_scores_fields_and_records():
+    want = {"a": 1, "b": {"c": "x"}, "d": ["p", "q"]}
+    assert leaf_accuracy(want, want, ["a", "b", "d"]) == (1.0, True)
+    assert leaf_accuracy({"a": 1.0, "b": {"c": "x"}, "d": ["p"]}, want, ["a", "b", "d"]) == (1 / 3, False)
+    assert leaf_accuracy({"a": 1, "b": {"c": "x"}, "d": ["p", "q"], "e": 3}, want, ["a", "b", "d", "e"])[0] == 0.75
+    assert leaf_accuracy("nope", want, ["a"]) == (0.0, False)
+
+
+@pytest.mark.skipif(not embedded_model_available(), reason="embedded checkpoint missing")
+def test_embedded_model_is_reported_per_split_mode_and_arm():
+    from dgemma_struct.runtime import DiffusionRuntime
+
+    rt = DiffusionRuntime.default(device="cpu")
+    rep = evaluate_splits(rt, 1, modes=("diffusion",), arms=("constrained", "grounded"), max_new_tokens=64)
+    assert list(rep["splits"]) == list(EVAL_SPLITS)
+    for split in EVAL_SPLITS:
+        for arm in ("constrained", "grounded"):
+            s = rep["splits"][split]["diffusion"][arm]
+            assert s["n"] == 1 and 0.0 <= s["field_accuracy"] <= 1.0 and 0.0 <= s["ar_fallback_rate"] <= 1.0
+            assert {"exact_records", "median_forwards", "errors", "samples"} <= set(s)
+    with pytest.raises(ValueError):
+        evaluate_splits(rt, 1, arms=("free",))

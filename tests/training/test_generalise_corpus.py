@@ -1,0 +1,108 @@
+"""The generalisation corpus: deterministic, answers copied from their sources, valid against their
+schemas, and held-out families / field names / phrasings never in training."""
+import json
+
+import jsonschema
+import pytest
+
+from dgemma_struct.training import render, schemas
+from dgemma_struct.training.field_names import NAMES
+from dgemma_struct.training.generalise import EVAL_SPLITS, SPLITS, eval_examples, make_generalise_corpus
+
+N = 600
+
+
+@pytest.fixture(scope="module")
+def train_corpus():
+    return make_generalise_corpus(N, seed=3)
+
+
+@pytest.fixture(scope="module")
+def held():
+    return eval_examples(150)
+
+
+def _leaves(value):
+    for _, v in render.flatten(value):
+        yield from (v if isinstance(v, list) else [v])
+
+
+def _keys(schema):
+    for k, sub in schema.get("properties", {}).items():
+        yield k
+        yield from _keys(sub)
+
+
+def test_same_seed_same_corpus_other_seed_other_corpus(train_corpus):
+    assert make_generalise_corpus(N, seed=3) == train_corpus
+    assert make_generalise_corpus(N, seed=4) != train_corpus
+    assert eval_examples(20) == eval_examples(20)
+
+
+def test_corpus_mixes_extraction_classification_tools_and_thinking(train_corpus):
+    kinds = {e["kind"] for e in train_corpus}
+    assert {"json", "classify", "tool", "short"} <= kinds
+    assert any(e["thinking"] for e in train_corpus)
+    types = {p.get("type", "enum") for e in train_corpus if e.get("template") and e["kind"] == "json"
+             for p in e["schema"]["properties"].values()}
+    assert types == {"string", "integer", "number", "boolean", "enum", "array", "object"}
+    assert any(set(e["schema"]["required"]) < set(e["schema"]["properties"]) for e in train_corpus
+               if e["kind"] == "json" and e.get("template"))  # optional fields occur
+
+
+def test_every_answer_is_valid_and_copies_its_source(train_corpus, held):
+    rows = [e for e in train_corpus if e["kind"] in ("json", "classify") and not e["thinking"]]
+    rows += [e for s in held.values() for e in s]
+    checked = 0
+    for e in rows:
+        assert json.loads(e["answer"]) == e["fields"]
+        jsonschema.validate(e["fields"], e["schema"])
+        if e["kind"] == "json" and e.get("template"):
+            for v in _leaves(e["fields"]):
+                if not isinstance(v, bool):
+                    assert str(v) in e["prompt"], (v, e["prompt"])
+                    checked += 1
+    assert checked > 1000
+
+
+def test_verbatim_check_can_fail():
+    e = make_generalise_corpus(1, seed=0, split="in_distribution")[0]
+    value = next(v for v in _leaves(e["fields"]) if isinstance(v, str))
+    assert value in e["prompt"] and value + "zzz" not in e["prompt"]
+
+
+def test_held_out_families_and_names_never_in_training(train_corpus, held):
+    train_fams = {e["family"] for e in train_corpus if e.get("template") and e["kind"] == "json"}
+    held_fams = {e["family"] for e in held["held_out_families"]}
+    assert held_fams and train_fams and not held_fams & train_fams
+    assert all(schemas.held_out_family(f) for f in held_fams)
+    train_keys = {k for e in train_corpus if e.get("template") and e["kind"] == "json" for k in _keys(e["schema"])}
+    assert len(train_keys) > 500
+    assert not [k for k in train_keys if schemas.held_out_name(k) and k not in schemas.NEST_NAMES]
+    held_names = {k for e in held["held_out_families"] for k in _keys(e["schema"]) if schemas.held_out_name(k)}
+    assert len(held_names) > 20
+
+
+def test_held_out_phrasings_never_in_training(train_corpus, held):
+    used = {e["template"] for e in train_corpus if e.get("template")}
+    held_t = {e["template"] for e in held["held_out_phrasings"]}
+    assert held_t and not held_t & used
+    assert len(render.templates("held_out")) >= 5 and len(render.templates("train")) >= 25
+    assert not set(render.SHIPPED_TEMPLATES) & set(render.templates("held_out"))
+    assert all(e["template"] in render.templates("train") for e in held["held_out_families"] + held["in_distribution"])
+
+
+def test_the_split_rule_is_a_stable_hash():
+    assert schemas.bucket("family", "flight") == schemas.bucket("family", "flight")
+    assert [schemas.bucket("x", str(i)) for i in range(4)] == [schemas.bucket("x", str(i)) for i in range(4)]
+    assert {schemas.bucket("field", n) for n in NAMES} == set(range(schemas.PARTS))
+    assert EVAL_SPLITS == SPLITS[1:]
+    with pytest.raises(ValueError):
+        make_generalise_corpus(1, split="nope")
+
+
+def test_field_vocabulary_is_large_and_plain():
+    assert len(NAMES) >= 2000 and len(set(NAMES)) == len(NAMES)
+    assert all(n.isidentifier() and 3 <= len(n) <= 24 for n in NAMES)
+    assert schemas.split_words("deletionTimestamp") == ["deletion", "timestamp"]
+    assert schemas.field_of("item_count").kind == "integer" and schemas.field_of("is_active").kind == "boolean"
