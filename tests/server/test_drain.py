@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
         return forward(*a, **k)
     rt.model.forward = slow
     serve(ServerConfig(port=int(sys.argv[1]), drain_timeout_s=float(sys.argv[2]), isolate_compiles=False,
-                       max_tokens_cap=256), rt, log_level="warning")
+                       max_tokens_cap=256), rt, log_level="info")
 """)
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 96}
 
@@ -64,7 +64,8 @@ def _in_flight(url: str) -> tuple[threading.Thread, dict]:
     out: dict = {}
 
     def go():
-        out["r"] = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=60)
+        out["r"] = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=60,
+                              headers={"x-request-id": "drain-req-1"})
     t = threading.Thread(target=go)
     t.start()
     t0 = time.monotonic()
@@ -90,6 +91,10 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_then_exits():
         t0 = time.monotonic()
         assert proc.wait(30) == 0
         assert time.monotonic() - t0 < 10     # exits once the work is done, not at the 30 s limit
+        log = proc.stdout.read()
+        # every log line carries the request id: the access line of the request and of the refusal
+        assert "[drain-req-1]" in log and '"POST /v1/chat/completions HTTP/1.1" 200' in log, log[-2000:]
+        assert f"[{refused.headers['x-request-id']}]" in log, log[-2000:]
     finally:
         proc.kill()
 
