@@ -31,6 +31,8 @@ def test_generalise_corpus_trains_and_resumes_with_small_files(tmp_path, monkeyp
     meta = train_mod.train(tmp_path, max_steps=2, resume=True, **kw)
     assert meta["steps"] == 2 and len(json.loads((tmp_path / "training_log.json").read_text())) == 2
     assert list(tmp_path.glob("train_state.pt.0*"))  # the state was written in parts
+    with pytest.raises(InvalidRequestError, match="generalise"):
+        train_mod.train(tmp_path, max_steps=3, resume=True, **{**kw, "corpus": "default"})
     assert all(p.stat().st_size < 16 * 2**20 for p in tmp_path.iterdir())
 
 

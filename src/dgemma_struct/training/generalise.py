@@ -40,7 +40,7 @@ def extraction_example(r: random.Random, family: str, template: str) -> dict[str
     schema, value = schemas.draw_record(r, family)
     noun = family.replace("_", " ")
     src = render.render_source(r, noun, value)
-    prompt = template.format(keys=render.keys_phrase(r, list(schema["properties"])), noun=noun, src=src)
+    prompt = render.fill(template, noun, keys=render.keys_phrase(r, list(schema["properties"])), src=src)
     return {"kind": "json", "family": family, "prompt": prompt, "answer": _dump(value), "schema": schema,
             "fields": value, "tools": None, "thinking": False, "template": template}
 

@@ -112,8 +112,18 @@ def _sentence(r: random.Random, noun: str, pairs: list[tuple[str, str]]) -> str:
     parts = [r.choice(("its {l} is {v}", "the {l} is {v}", "{l} {v}", "with {l} {v}", "{l}: {v}")).format(l=lab, v=v)
              for lab, v in pairs]
     body = ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
-    return r.choice(("This {n}: {b}.", "For the {n}, {b}.", "The {n} record says {b}.", "{B}.", "A {n} where {b}."))\
-        .format(n=noun, b=body, B=body[0].upper() + body[1:])
+    return r.choice(("This {n}: {b}.", "For the {n}, {b}.", "The {n} record says {b}.", "{B}.", "{A} {n} where {b}."))\
+        .format(n=noun, b=body, B=body[0].upper() + body[1:], A=article(noun).capitalize())
+
+
+def article(noun: str) -> str:
+    """``"an"`` before a vowel, else ``"a"``."""
+    return "an" if noun[:1].lower() in "aeiou" else "a"
+
+
+def fill(template: str, noun: str, **kw: str) -> str:
+    """``template`` with ``a {noun}`` spelled ``an {noun}`` where needed, then formatted."""
+    return template.replace("a {noun}", article(noun) + " {noun}").format(noun=noun, **kw)
 
 
 def render_source(r: random.Random, noun: str, value: dict, layout: str | None = None) -> str:

@@ -8,6 +8,16 @@ corruption (self-conditioning on half of the batches, as at inference).
 Run::
 
     dgemma-struct train --minutes 40 --out src/dgemma_struct/embedded
+
+The generalisation corpus (:mod:`dgemma_struct.training.generalise`) on one GPU, sized for an
+H200 run of at most 8 minutes (about 1.5 min to build and encode the corpus, 5.5 min of steps;
+the learning-rate schedule follows wall time), then the split evaluation::
+
+    python -c "from dgemma_struct.training.train import train; print(train('runs/generalise',
+        corpus='generalise', corpus_size=60000, minutes=5.5, batch_size=128, device='cuda', dtype='bf16'))"
+
+Every file a run writes stays under 16 MiB (weights in safetensors shards, the training state
+in parts); copy the model files, not ``train_state.pt*``, into ``src/dgemma_struct/embedded``.
 """
 from __future__ import annotations
 
@@ -216,6 +226,9 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     step, seconds_before = 0, 0.0
     if resume:
         state = load_state(state_path)  # the optimizer moves its own
+        if state.get("corpus", "default") != corpus_name:
+            raise InvalidRequestError(f"--resume: this run was trained on the {state.get('corpus', 'default')!r} "
+                                      f"corpus, not {corpus_name!r}")
         opt.load_state_dict(state["optimizer"])
         step, seconds_before = state["step"], state["seconds"]
         rng.setstate(state["rng"])
@@ -229,7 +242,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     def checkpoint() -> None:
         save(model, tokenizer, out_dir)
         save_state({"optimizer": opt.state_dict(), "step": step, "seconds": seconds_before + time.time() - start,
-                    "rng": rng.getstate(), "gen": gen.get_state(), "torch_rng": torch.get_rng_state()}, state_path)
+                    "rng": rng.getstate(), "gen": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                    "corpus": corpus_name}, state_path)
         (out_dir / "training_log.json").write_text(json.dumps(log))
 
     while step < step_budget:
