@@ -161,7 +161,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                    header_timeout_s=args.header_timeout, timeout_keep_alive_s=args.keep_alive,
                                    max_connections=args.max_connections, limit_concurrency=args.limit_concurrency,
                                    stream_live=True if args.stream_live else None, device=args.device,
-                                   dtype=args.dtype)
+                                   dtype=args.dtype, warmup=False if args.no_warmup else None,
+                                   drain_timeout_s=args.drain_timeout, retry_after_s=args.retry_after,
+                                   verdict_ttl_s=args.verdict_ttl)
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         print(f"warning: serving on {config.host} without --api-key", file=sys.stderr)
     try:
@@ -244,6 +246,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="uvicorn's limit: 503 beyond this many connections + tasks (default: none)")
     p.add_argument("--stream-live", action="store_true",
                    help="stream canvases as they commit (a repair may then end a stream in stream_diverged)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="report ready at once instead of after one warm-up generation")
+    p.add_argument("--drain-timeout", type=_POS_FLOAT, default=None,
+                   help="after SIGTERM, longest wait for in-flight requests, seconds (default 30)")
+    p.add_argument("--retry-after", type=_POS_INT, default=None,
+                   help="Retry-After seconds on every 429 and 503 (default 1)")
+    p.add_argument("--verdict-ttl", type=_POS_FLOAT, default=None,
+                   help="how long a refused constraint is refused at once, seconds (default 3600)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug", "trace"))
     p.set_defaults(func=_cmd_serve)
     return parser
