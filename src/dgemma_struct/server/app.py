@@ -90,8 +90,9 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
     async def _validation(request: Request, exc: RequestValidationError):
         errs = exc.errors()
         first = errs[0] if errs else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        where = ".".join(loc)
+        # a body that is not JSON at all: pydantic's location is a character offset, not a field
+        loc = [] if first.get("type") == "json_invalid" else [str(x) for x in first.get("loc", ()) if x != "body"]
+        where = ".".join(loc) if loc else ("body" if first.get("type") == "json_invalid" else "")
         msg = first.get("msg", "invalid request body")
         more = f" (and {len(errs) - 1} more problem(s))" if len(errs) > 1 else ""
         return json_response(error_body(400, f"invalid request: {where + ': ' if where else ''}{msg}{more}",

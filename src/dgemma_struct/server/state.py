@@ -18,7 +18,7 @@ from dgemma_struct.grounding import compile_grounded, grounded_sources, groundin
 from dgemma_struct.runtime import DiffusionRuntime
 
 from .batcher import Batcher
-from .compile_pool import CompilePool, spec_key
+from .compile_pool import SMALL_SPEC_BYTES, CompilePool, PoolBusy, spec_key, spec_size
 from .config import ServerConfig
 from .errors import APIError, api_error_for
 from .metrics import Metrics
@@ -46,6 +46,10 @@ class ServerState:
         # compiles never share an executor with anything else (prompts, generation)
         self.compile_executor = ThreadPoolExecutor(max_workers=config.max_concurrent_compiles,
                                                    thread_name_prefix="dgemma-struct-compile")
+        # a lane of its own for small specs (a choice, a flat object): a flood of big compiles
+        # holding every slot above never holds them up (the pool has a matching worker lane)
+        self.small_sem = asyncio.Semaphore(1)
+        self.small_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgemma-struct-compile-small")
         # specs whose probe succeeded before: compiled (usually a cache hit) without waiting for a slot
         self.known_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dgemma-struct-compile-known")
         self.pool = (CompilePool(config.max_concurrent_compiles, memory_mb=config.compile_memory_mb or None)
@@ -67,7 +71,29 @@ class ServerState:
         if self.pool is not None:
             self.pool.close()
         self.compile_executor.shutdown(wait=False, cancel_futures=True)
+        self.small_executor.shutdown(wait=False, cancel_futures=True)
         self.known_executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _slot(self, spec: Any, param: str | None) -> tuple[asyncio.Semaphore, ThreadPoolExecutor]:
+        """A compile slot for ``spec`` (taken; release the semaphore returned): a free shared slot,
+        else the small lane when ``spec`` is small; waited for at most the compile timeout, then
+        503 ``overloaded`` with ``Retry-After`` instead of a client time-out."""
+        loop = asyncio.get_running_loop()
+        small = spec_size(spec) <= SMALL_SPEC_BYTES
+        wait = self.config.compile_timeout_s
+        deadline = loop.time() + wait
+        while True:
+            # no await between the check and the take: nothing else runs in between
+            if not self.compile_sem.locked():
+                await self.compile_sem.acquire()
+                return self.compile_sem, self.compile_executor
+            if small and not self.small_sem.locked():
+                await self.small_sem.acquire()
+                return self.small_sem, self.small_executor
+            if loop.time() >= deadline:
+                raise api_error_for(PoolBusy(f"every compile slot stayed busy for {wait:g} s; retry shortly",
+                                             retry_after_s=max(1.0, round(wait / 2))), param=param)
+            await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------------ request handling
     def _compile_blocking(self, spec: Any) -> Any:
@@ -113,14 +139,15 @@ class ServerState:
                 return await loop.run_in_executor(self.known_executor, constraint_for, spec, self.runtime)
             except DgemmaStructError as err:
                 raise api_error_for(err, param=param) from None
-        async with self.compile_sem:
+        sem, executor = await self._slot(spec, param)
+        try:
             # the tokenizer set-up (once per process; seconds for a 262k vocabulary) is not timed
-            await loop.run_in_executor(self.compile_executor, prepare_tokenizer, self.runtime)
+            await loop.run_in_executor(executor, prepare_tokenizer, self.runtime)
             try:
                 # the probe enforces the compile timeout itself (it kills the worker); the margin
                 # here covers starting a worker and the in-process compile after the probe
                 margin = (self.pool.start_timeout_s + limit) if self.pool is not None else 0.0
-                return await asyncio.wait_for(loop.run_in_executor(self.compile_executor,
+                return await asyncio.wait_for(loop.run_in_executor(executor,
                                                                    functools.partial(self._compile_blocking, spec)),
                                               limit + margin)
             except asyncio.TimeoutError:
@@ -136,6 +163,8 @@ class ServerState:
             except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
                 raise APIError(400, f"cannot compile the constraint: {type(err).__name__}: {err}", param=param,
                                code="invalid_constraint") from None
+        finally:
+            sem.release()
 
     def check_thinking(self, param: str | None) -> None:
         """A 400 unless the tokenizer has Gemma 4's thought-channel control tokens."""
@@ -179,10 +208,11 @@ class ServerState:
         the compile timeout; the grammar is built in-process, not in a probe worker)."""
         loop = asyncio.get_running_loop()
         limit = self.config.compile_timeout_s
-        async with self.compile_sem:
+        sem, executor = await self._slot(spec, param)
+        try:
             try:
                 return await asyncio.wait_for(loop.run_in_executor(
-                    self.compile_executor, functools.partial(self._compile_grounded_blocking, spec, prompt, opts)),
+                    executor, functools.partial(self._compile_grounded_blocking, spec, prompt, opts)),
                     limit)
             except asyncio.TimeoutError:
                 raise APIError(400, f"compiling the grounded constraint took longer than {limit:g} s",
@@ -197,6 +227,8 @@ class ServerState:
             except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
                 raise APIError(400, f"cannot compile the grounded constraint: {type(err).__name__}: {err}",
                                param=param, code="invalid_grounding") from None
+        finally:
+            sem.release()
 
     def check(self, req: Any) -> int:
         if req.model not in (None, "", self.model_id):

@@ -1,0 +1,72 @@
+"""#26.3 at the server's seam: while big compiles hold every shared compile slot, a small spec
+takes the small lane at once, and a big one waits a bounded time, then gets 503 ``overloaded``
+(with ``Retry-After``, added by the edge middleware) instead of a client time-out. A body that is
+not JSON names ``body`` as its param, not a character offset (#24)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from dgemma_struct.server import ServerConfig
+from dgemma_struct.server.app import create_app
+from dgemma_struct.server.compile_pool import SMALL_SPEC_BYTES, spec_size
+from dgemma_struct.server.errors import APIError
+from dgemma_struct.server.state import ServerState
+from dgemma_struct.testing import tiny_runtime
+
+SMALL = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+BIG = {"type": "object", "properties": {f"k{i}": {"type": "string", "description": "x" * 40} for i in range(100)}}
+
+
+@pytest.fixture(scope="module")
+def state():
+    cfg = ServerConfig(isolate_compiles=False, compile_timeout_s=0.5, max_concurrent_compiles=2)
+    st = ServerState(tiny_runtime(), cfg)
+    yield st
+    st.stop()
+
+
+def test_the_specs_fall_in_different_lanes():
+    assert spec_size(SMALL) <= SMALL_SPEC_BYTES < spec_size(BIG)
+
+
+def test_a_small_spec_compiles_while_big_ones_hold_every_shared_slot(state):
+    async def scenario():
+        for _ in range(2):                       # a flood holds both shared slots
+            await state.compile_sem.acquire()
+        try:
+            t0 = time.monotonic()
+            c = await state.compile(SMALL, "response_format")
+            small_s = time.monotonic() - t0
+            with pytest.raises(APIError) as ei:
+                await state.compile(BIG, "response_format")
+            return c, small_s, ei.value
+        finally:
+            for _ in range(2):
+                state.compile_sem.release()
+
+    c, small_s, err = asyncio.run(scenario())
+    assert c is not None and small_s < 5.0
+    assert (err.status, err.code) == (503, "overloaded") and err.headers["Retry-After"]
+
+
+def test_once_the_flood_ends_a_big_spec_compiles(state):
+    assert asyncio.run(state.compile(BIG, "response_format")) is not None
+
+
+def test_a_body_that_is_not_json_names_body():
+    app = create_app(tiny_runtime(), ServerConfig(isolate_compiles=False, warmup=False))
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                return await client.post("/v1/chat/completions", content=b'{"model": "m", "messages": [',
+                                         headers={"content-type": "application/json"})
+
+    r = asyncio.run(go())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "body", r.json()
