@@ -198,14 +198,26 @@ class ModelList(Wire):
 
 
 class Health(Wire):
-    """``/health``: ``status`` (``ok``, ``loading`` or ``worker_down``); once loaded, the model id,
-    the queue depth, the batcher's counters and the compile workers' counters."""
+    """``/health``: ``status`` (``ok``, ``loading``, ``warming_up``, ``draining`` or ``worker_down``);
+    once loaded, the model id, the queue depth, readiness (``ready``, ``warmed``, ``draining``,
+    ``warmup_s``), the batcher's counters, the remembered verdicts and the compile workers' counters."""
 
     model_config = ConfigDict(extra="allow")
-    optional: ClassVar[frozenset[str]] = frozenset({"model", "queue_depth", "compile_workers"})
+    optional: ClassVar[frozenset[str]] = frozenset({"model", "queue_depth", "compile_workers", "ready", "warmed",
+                                                    "draining", "warmup_s", "warmup_error", "in_flight",
+                                                    "running_rows", "worker_errors", "verdicts"})
     status: str
     model: Optional[str] = None
     queue_depth: Optional[int] = None
+    ready: Optional[bool] = None
+    warmed: Optional[bool] = None
+    draining: Optional[bool] = None
+    warmup_s: Optional[float] = None
+    warmup_error: Optional[str] = None
+    in_flight: Optional[int] = None
+    running_rows: Optional[int] = None
+    worker_errors: Optional[int] = None
+    verdicts: Optional[dict[str, Any]] = None
     compile_workers: Optional[dict[str, Any]] = None
 
 
