@@ -28,3 +28,15 @@ def test_embedded_model_is_reported_per_split_mode_and_arm():
             assert {"exact_records", "median_forwards", "errors", "samples"} <= set(s)
     with pytest.raises(ValueError):
         evaluate_splits(rt, 1, arms=("free",))
+
+
+@pytest.mark.skipif(not embedded_model_available(), reason="embedded checkpoint missing")
+def test_dgemma_struct_eval_report_holds_the_three_splits():
+    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.training.evaluate import evaluate
+
+    rt = DiffusionRuntime.default(device="cpu")
+    rep = evaluate(rt, n=1, batch_size=1, max_new_tokens=32, splits_n=1)
+    assert list(rep["generalise"]["splits"]) == list(EVAL_SPLITS)
+    assert set(rep["generalise"]["splits"]["held_out_families"]) == {"diffusion", "ar"}
+    assert "generalise" not in evaluate(rt, n=1, batch_size=1, max_new_tokens=8, splits_n=0)

@@ -37,6 +37,7 @@ def leaf_accuracy(got: Any, expected: dict, keys: Sequence[str]) -> tuple[float,
 
 def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens: int, batch_size: int) -> list:
     from dgemma_struct.api import generate_batch
+    from dgemma_struct.errors import GroundingError
     from dgemma_struct.grounding import generate_grounded_batch
 
     out: list = []
@@ -46,8 +47,18 @@ def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens
         specs = [e["schema"] for e in chunk]
         seeds = list(range(i, i + len(chunk)))
         if arm == "grounded":
-            out += generate_grounded_batch(prompts, specs, ground="all", runtime=runtime, max_new_tokens=max_new_tokens,
-                                           return_exceptions=True, mode=mode, seed=seeds)
+            # one seed for the chunk: generate_grounded_batch does not drop the seeds of rows it refuses
+            res = generate_grounded_batch(prompts, specs, ground="all", runtime=runtime, max_new_tokens=max_new_tokens,
+                                          return_exceptions=True, mode=mode, seed=i)
+            # a schema with nothing to ground (only booleans / enums) is served constrained, as a user would
+            redo = [j for j, x in enumerate(res) if isinstance(x, GroundingError) and "nothing to ground" in str(x)]
+            if redo:
+                again = generate_batch([prompts[j] for j in redo], [specs[j] for j in redo], runtime=runtime,
+                                       max_new_tokens=max_new_tokens, return_exceptions=True, mode=mode,
+                                       seed=[seeds[j] for j in redo])
+                for j, x in zip(redo, again):
+                    res[j] = x
+            out += res
         else:
             out += generate_batch(prompts, specs, runtime=runtime, max_new_tokens=max_new_tokens,
                                   return_exceptions=True, mode=mode, seed=seeds)
