@@ -40,3 +40,13 @@ def test_unknown_corpus_is_refused(tmp_path):
     with pytest.raises(InvalidRequestError, match="corpus must be one of"):
         train_mod.train(tmp_path / "x", corpus="nope", device="cpu")
     assert not (tmp_path / "x").exists()
+
+
+def test_gpu_run_trains_and_writes_its_results(tmp_path):
+    from dgemma_struct.training.gpu_run import main
+
+    out = main(["--out", str(tmp_path / "m"), "--results", str(tmp_path / "r"), "--minutes", "0.02",
+                "--batch-size", "2", "--corpus-size", "120", "--device", "cpu", "--eval-n", "0", "--threads", "1"])
+    assert out["training"]["corpus"] == "generalise" and out["training"]["steps"] >= 1
+    assert json.loads((tmp_path / "r" / "training_meta.json").read_text())["corpus"] == "generalise"
+    assert (tmp_path / "m" / "model.safetensors").exists() or list((tmp_path / "m").glob("model-*.safetensors"))

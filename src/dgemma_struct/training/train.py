@@ -13,8 +13,11 @@ The generalisation corpus (:mod:`dgemma_struct.training.generalise`) on one GPU,
 H200 run of at most 8 minutes (about 1.5 min to build and encode the corpus, 5.5 min of steps;
 the learning-rate schedule follows wall time), then the split evaluation::
 
-    python -c "from dgemma_struct.training.train import train; print(train('runs/generalise',
-        corpus='generalise', corpus_size=60000, minutes=5.5, batch_size=128, device='cuda', dtype='bf16'))"
+    python -m dgemma_struct.training.gpu_run --out runs/generalise --results "$OUT" --minutes 5.5
+
+(:mod:`dgemma_struct.training.gpu_run`: ``train(out, corpus="generalise", corpus_size=60000,
+minutes=5.5, batch_size=128, device="auto", dtype="auto")``, then the split evaluation of the new
+and the shipped checkpoint.)
 
 Every file a run writes stays under 16 MiB (weights in safetensors shards, the training state
 in parts); copy the model files, not ``train_state.pt*``, into ``src/dgemma_struct/embedded``.
