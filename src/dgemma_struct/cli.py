@@ -49,7 +49,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     meta = train(args.out, minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
                  seed=args.seed, threads=args.threads, lr=args.lr, resume=args.resume, device=args.device,
-                 dtype=args.dtype)
+                 dtype=args.dtype, corpus=args.corpus, corpus_size=args.corpus_size)
     print(json.dumps(meta, indent=1))
     return 0
 
@@ -70,7 +70,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from dgemma_struct.training.evaluate import evaluate
 
     rt = _load(args.model, args.device, args.dtype)
-    report = evaluate(rt, n=args.n)
+    report = evaluate(rt, n=args.n, splits_n=args.splits_n)
     text = json.dumps(report, indent=1)
     if args.out:
         from pathlib import Path
@@ -194,12 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_THREADS, default=2)
     p.add_argument("--lr", type=_POS_FLOAT, default=2e-3)
     p.add_argument("--resume", action="store_true", help="continue training the checkpoint in --out")
+    p.add_argument("--corpus", choices=("default", "generalise"), default="default",
+                   help="default: the eight record families the shipped model was trained on; generalise: random "
+                        "record schemas and phrasings with held-out families and phrasings (docs/model_card.md)")
+    p.add_argument("--corpus-size", type=_POS_INT, default=60_000, help="training examples built (default 60000)")
     _add_device(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="held-out evaluation of a checkpoint (unconstrained)")
     p.add_argument("--model", default=None, help="local checkpoint dir (default: the embedded model)")
     p.add_argument("--n", type=_POS_INT, default=200)
+    p.add_argument("--splits-n", type=_NONNEG_INT, default=8,
+                   help="prompts per generalisation split (in-distribution, held-out families, held-out "
+                        "phrasings; 0: skip them)")
     p.add_argument("--out", default=None)
     _add_device(p)
     p.set_defaults(func=_cmd_eval)

@@ -89,6 +89,11 @@ def test_bad_input(rt):
         max_new_tokens=16)
     assert isinstance(out[0], GroundedResult) and out[0].value["n"] == 42
     assert isinstance(out[1], GroundingError)
+    # a per-row seed list follows the rows still running after a refused one
+    out = generate_grounded_batch(["no digits", PROMPTS[0]], {"type": "object", "properties": {
+        "n": {"type": "integer", "x-grounded": True}}, "required": ["n"]}, runtime=rt, return_exceptions=True,
+        max_new_tokens=16, seed=[3, 0])
+    assert isinstance(out[0], GroundingError) and isinstance(out[1], GroundedResult) and out[1].value["n"] == 42
 
 
 def test_demo_text_and_html(rt, tmp_path):

@@ -101,6 +101,10 @@ def generate_grounded_batch(prompts: Sequence[Any], schema: Any, *, sources: Seq
     live = [i for i, x in enumerate(prepared) if not isinstance(x, DgemmaStructError)]
     out: list[Any] = list(prepared)
     if live:
+        # per-row options (a seed list, row_stop) follow the rows that are still running
+        for key in ("seed", "row_stop"):
+            if isinstance(opts.get(key), (list, tuple)) and len(opts[key]) == n:
+                opts[key] = [opts[key][i] for i in live]
         res = generate_batch([prepared[i][0] for i in live], [prepared[i][1] for i in live], runtime=rt,
                              max_new_tokens=max_new_tokens, return_exceptions=return_exceptions, **opts)
         for i, r in zip(live, res):
