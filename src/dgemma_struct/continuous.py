@@ -88,9 +88,13 @@ class BatchFailed(Exception):
         self.cause = cause
 
 
+#: the options a batch's :class:`ConstraintGuide` is built from (:meth:`ContinuousScheduler._new_batch`)
+GUIDE_KNOBS = ("progress", "force_tokens", "renoise_invalid", "close_on_budget")
+
+
 @dataclass(eq=False)
 class _Batch:
-    key: tuple                         # (requested mode, temperature, top_p)
+    key: tuple                         # what its rows share: (mode, temperature, top_p, the guide's knobs)
     mode: str                          # the mode it runs: "diffusion" or "ar"
     canvas: CanvasBatch | ARBatch
     guide: ConstraintGuide
@@ -138,7 +142,10 @@ class ContinuousScheduler:
 
     # ------------------------------------------------------------------ 1. admission
     def _key(self, req: RowRequest) -> tuple:
-        return (req.mode, req.temperature, req.top_p)
+        """What rows must share to share a batch: the mode and sampling, and the knobs the batch's
+        guide is built with (a row never runs under another request's progress or closing rule)."""
+        o = req.session.opts if req.session is not None else None
+        return (req.mode, req.temperature, req.top_p) + (tuple(getattr(o, k) for k in GUIDE_KNOBS) if o else ())
 
     def _fits(self, b: _Batch, req: RowRequest) -> bool:
         n, width = len(req.prompt_ids), b.canvas.width

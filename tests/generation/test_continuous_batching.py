@@ -190,3 +190,30 @@ def test_auto_mode_runs_both_modes_and_every_output_is_valid(embedded_runtime):
     assert set(sched.chooser.summary()["ar"]) and set(sched.chooser.summary()["diffusion"])
     for e in corpus:
         jsonschema.validate(json.loads(results[e["prompt"]].text), e["schema"])
+
+
+def test_requests_with_different_guide_knobs_never_share_a_batch(embedded_runtime):
+    """The batch's guide is built from its first request's options: a request whose progress or
+    closing rule differs opens its own batch instead of silently running under the other's."""
+    rt = embedded_runtime
+
+    def req(prompt, **knobs):
+        opts = GenerateOptions.build(None, {"seed": 0, "max_new_tokens": 160, **knobs}, verb="generate")
+        session = prepare(prompt, NOTES, rt, opts)
+        return RowRequest(prompt_ids=session.prompt_ids, max_new_tokens=160, seed=session.seed, session=session,
+                          tag=prompt)
+
+    sched = ContinuousScheduler(rt)
+    sched.submit(req(PROMPTS[0]))
+    sched.submit(req(PROMPTS[1], progress=False))
+    sched.submit(req(PROMPTS[2], close_on_budget=False))
+    sched.submit(req(PROMPTS[3]))                      # same knobs as the first: joins it
+    sched.step()
+    guides = {b.guide: b for b in sched.batches}
+    assert len(sched.batches) == 3 and len(guides) == 3
+    for b in sched.batches:
+        for r in b.rows.values():
+            assert (b.guide.progress, b.guide.close_on_budget) == (r.session.opts.progress,
+                                                                   r.session.opts.close_on_budget)
+    while not sched.idle:
+        sched.step()
