@@ -290,7 +290,7 @@ class ContinuousScheduler:
 
     def _emit(self, r: RowRequest, tokens: list[int]) -> None:
         """``r.on_canvas`` with its tokens so far, cut as its result will be (:meth:`row_result`)."""
-        kept, _ = self.rt._split(tokens, r.max_new_tokens)
+        kept, _ = self.rt.split_output(tokens, r.max_new_tokens)
         r.on_canvas(kept)
 
     # ------------------------------------------------------------------ 3. results

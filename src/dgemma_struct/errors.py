@@ -93,16 +93,6 @@ class ConstraintEngineError(DgemmaStructError):
     syntax; the message says what happened."""
 
 
-
-class ConstraintLimitError(ConstraintEngineError, ConstraintCompileTimeout):
-    """The native engine hit one of its limits on this constraint while masking (items per parser
-    row, lexer fuel): the spec is too complex for it (e.g. 1,000 optional properties). Both an
-    engine error and a :class:`ConstraintCompileTimeout` (a :class:`ConstraintError`)."""
-
-
-__all__ = [name for name in dir() if name.endswith(("Error", "Failed", "Timeout"))]
-
-
 class GroundingError(ConstraintError):
     """A grounded-extraction request that cannot be served: an empty source, grounding on a field
     that is neither a string nor a number, or a grounded field whose other constraints (pattern,

@@ -18,9 +18,9 @@ Example::
 """
 from __future__ import annotations
 
-__all__ = ["ModeChooser", "MODES"]
+from dgemma_struct.prompts import MODES
 
-MODES = ("diffusion", "ar")
+__all__ = ["ModeChooser", "MODES"]
 
 
 class ModeChooser:

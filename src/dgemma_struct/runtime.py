@@ -200,7 +200,7 @@ class DiffusionRuntime:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    def _split(self, row: torch.Tensor | Sequence[int], max_new_tokens: int) -> tuple[list[int], str]:
+    def split_output(self, row: torch.Tensor | Sequence[int], max_new_tokens: int) -> tuple[list[int], str]:
         """Generated ids up to (excluding) the first stop token, without pad, at most
         ``max_new_tokens`` of them; and the finish reason: ``"stop"`` when a stop token ends the
         output within the budget (the stop token counts as one of the ``max_new_tokens``, as in
@@ -321,10 +321,10 @@ class DiffusionRuntime:
 
     def row_result(self, row: torch.Tensor, passes: int, max_new_tokens: int, **stats: Any) -> GenerationResult:
         """One row's result from its generated columns (pad after a stop token): the ids before the
-        stop token, at most ``max_new_tokens`` (:meth:`_split`), and ``tokens_per_forward`` as
+        stop token, at most ``max_new_tokens`` (:meth:`split_output`), and ``tokens_per_forward`` as
         transformers counts it (non-pad tokens / decoder passes). ``stats``: the other
         :class:`GenerationStats` fields."""
-        token_ids, reason = self._split(row, max_new_tokens)
+        token_ids, reason = self.split_output(row, max_new_tokens)
         non_pad = int((row != self.pad_token_id).sum()) if self.pad_token_id is not None else row.shape[0]
         s = GenerationStats(forward_passes=passes, generated_tokens=len(token_ids),
                             tokens_per_forward=non_pad / passes if passes else 0.0, finish_reason=reason, **stats)
@@ -350,12 +350,12 @@ class DiffusionRuntime:
 
         def on_canvas(i: int, tokens: torch.Tensor) -> None:
             committed.extend(t for t in tokens[0].tolist())
-            ids, _ = self._split(torch.tensor(committed), max_new_tokens)
+            ids, _ = self.split_output(torch.tensor(committed), max_new_tokens)
             q.put(CanvasEvent(row=0, canvas_index=i, token_ids=ids, text=self.decode(ids)))
 
         def on_draft(i: int, argmax: torch.Tensor) -> None:
             ids = committed + argmax[0].tolist()
-            ids, _ = self._split(torch.tensor(ids), max_new_tokens)
+            ids, _ = self.split_output(torch.tensor(ids), max_new_tokens)
             q.put(CanvasEvent(row=0, canvas_index=i, token_ids=ids, text=self.decode(ids), draft=True))
 
         def work() -> None:

@@ -24,11 +24,11 @@ def runtime(tiny_model):
 
 def test_split_caps_at_the_budget(runtime):
     eos, pad = runtime.eos_token_ids[0], runtime.pad_token_id
-    assert runtime._split([7, 8, eos, 9], 5) == ([7, 8], "stop")
-    assert runtime._split([7, 8, 9, 10, eos], 2) == ([7, 8], "length")   # EOS after the budget: cut
-    assert runtime._split([7, 8, eos], 2) == ([7, 8], "length")          # the stop token counts
-    assert runtime._split([7, eos], 2) == ([7], "stop")
-    assert runtime._split([7, pad, 8], 2) == ([7, 8], "length")
+    assert runtime.split_output([7, 8, eos, 9], 5) == ([7, 8], "stop")
+    assert runtime.split_output([7, 8, 9, 10, eos], 2) == ([7, 8], "length")   # EOS after the budget: cut
+    assert runtime.split_output([7, 8, eos], 2) == ([7, 8], "length")          # the stop token counts
+    assert runtime.split_output([7, eos], 2) == ([7], "stop")
+    assert runtime.split_output([7, pad, 8], 2) == ([7, 8], "length")
 
 
 @pytest.mark.parametrize("mode", ["diffusion", "ar"])
