@@ -292,7 +292,7 @@ class Generator:
             raise InvalidRequestError("spec is None: pass a pydantic model, a JSON Schema, Regex, Grammar or Choice")
         o = self.options
         self.constraint = constraint_for(spec, self.runtime, strict=o.strict, whitespace=o.whitespace,
-                                         separators=o.separators)
+                                         separators=o.separators, strict_objects=o.strict_objects)
 
     def __call__(self, prompt: Prompt, **knobs: Any) -> Any:
         """The value for ``prompt`` (a list of ``n`` values, or results, as :func:`generate`)."""

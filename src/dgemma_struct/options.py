@@ -45,7 +45,8 @@ class GenerateOptions:
     seed: int | None = 0                 # None: a fresh seed per call (recorded in ``stats.seed``)
     mode: str = "diffusion"              # "diffusion" or "ar"
     max_repairs: int = 2                 # renoise passes after a failed attempt, in [0, 100]
-    strict: bool = False                 # JSON Schema: no additional properties unless allowed
+    strict: bool = False                 # JSON Schema: a keyword the grammar cannot enforce is a SchemaError
+    strict_objects: bool | None = None   # undeclared keys forbidden; None: for pydantic models / types only
     fallback: bool = True                # an AR pass on the same weights when repairs are spent
     timeout_s: float | None = None
     whitespace: str = "compact"          # JSON layout: "compact", "model" or "flexible"
@@ -81,6 +82,8 @@ class GenerateOptions:
         for name in _FLAGS:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.strict_objects is not None and not isinstance(self.strict_objects, bool):
+            raise InvalidRequestError(f"strict_objects must be a bool or None, got {self.strict_objects!r}")
         check_format(self.whitespace, self.separators)
         k = self.logprobs
         if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k <= MAX_LOGPROBS):

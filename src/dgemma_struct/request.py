@@ -34,11 +34,13 @@ def resolve_runtime(runtime: DiffusionRuntime | None) -> DiffusionRuntime:
 
 
 def constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False,
-                   whitespace: str = "compact", separators: tuple[str, str] | None = None) -> Constraint:
+                   whitespace: str = "compact", separators: tuple[str, str] | None = None,
+                   strict_objects: bool | None = None) -> Constraint:
     """Compile ``spec`` for ``runtime``'s tokenizer. EOS is every id of the runtime's stop set
     (the generation config's ``eos_token_id``, e.g. ``[1, 106, 50]`` on the real checkpoint):
     whichever of them the model writes after a complete value ends it, and none is ever part of
-    the text. A compiled ``Constraint`` is used as it is."""
+    the text. A compiled ``Constraint`` is used as it is. ``strict_objects``: as
+    :func:`~dgemma_struct.constraints.compile_constraint` (``None``: strict for pydantic models)."""
     if isinstance(spec, Constraint):
         return spec
     check_format(whitespace, separators)
@@ -46,7 +48,8 @@ def constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False
         raise InvalidRequestError(f"strict must be a bool, got {strict!r}")
     return compile_constraint(spec, tokenizer=runtime.tokenizer, strict=strict, whitespace=whitespace,
                               stop_token_ids=runtime.eos_token_ids, separators=separators,
-                              vocab_size=runtime.model.config.text_config.vocab_size)
+                              vocab_size=runtime.model.config.text_config.vocab_size,
+                              strict_objects=strict_objects)
 
 
 _POOL: Any = None
@@ -84,7 +87,8 @@ def _probe_form(spec: Any) -> Any:
 
 
 def isolated_constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False,
-                            whitespace: str = "compact", separators: tuple[str, str] | None = None) -> Constraint:
+                            whitespace: str = "compact", separators: tuple[str, str] | None = None,
+                            strict_objects: bool | None = None) -> Constraint:
     """:func:`constraint_for`, with the compile first run in a worker process (``isolate_compile=True``):
     a native crash or a runaway compile there is a typed error
     (:class:`~dgemma_struct.errors.ConstraintEngineError` / ``ConstraintCompileTimeout``) instead of
@@ -97,7 +101,8 @@ def isolated_constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: boo
         _shared_pool().probe(form, runtime.tokenizer, stop_token_ids=list(runtime.eos_token_ids),
                              vocab_size=runtime.model.config.text_config.vocab_size, strict=bool(strict),
                              whitespace=whitespace, timeout_s=ISOLATED_COMPILE_TIMEOUT_S)
-    return constraint_for(spec, runtime, strict=strict, whitespace=whitespace, separators=separators)
+    return constraint_for(spec, runtime, strict=strict, whitespace=whitespace, separators=separators,
+                          strict_objects=strict_objects)
 
 
 def apply_thinking(constraint: Constraint, prompt: Prompt, rt: DiffusionRuntime, thinking: Any,
@@ -125,7 +130,8 @@ def prepare(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, opts: G
     if spec is None:
         raise InvalidRequestError("spec is None: pass a pydantic model, a JSON Schema, Regex, Grammar or Choice")
     compile_fn = isolated_constraint_for if opts.isolate_compile else constraint_for
-    constraint = compile_fn(spec, rt, strict=opts.strict, whitespace=opts.whitespace, separators=opts.separators)
+    constraint = compile_fn(spec, rt, strict=opts.strict, whitespace=opts.whitespace, separators=opts.separators,
+                            strict_objects=opts.strict_objects)
     constraint, prompt = apply_thinking(constraint, prompt, rt, opts.thinking, opts.max_thinking_tokens)
     need = max(min_tokens_for(constraint), 0)  # from the schema's bounds: milliseconds, before any walking
     if need <= opts.max_new_tokens:

@@ -21,7 +21,7 @@ from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
 from dgemma_struct.runtime import DiffusionRuntime
 
 # the knobs ``stream`` takes as keywords (the loop is diffusion; one repair, no fallback)
-STREAM_KNOBS = ("max_new_tokens", "seed", "strict", "whitespace", "timeout_s", "separators")
+STREAM_KNOBS = ("max_new_tokens", "seed", "strict", "strict_objects", "whitespace", "timeout_s", "separators")
 _STREAM_FIXED = dict(mode="diffusion", max_repairs=1, fallback=False, n=1, return_details=False)
 
 
@@ -70,7 +70,7 @@ def stream(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None
     value; if validation fails (after one repair, as a non-streaming call would) the stream raises
     a typed error instead of ending with bad data.
 
-    Keywords: ``max_new_tokens`` (128), ``seed`` (0), ``strict``, ``whitespace``, ``timeout_s``,
+    Keywords: ``max_new_tokens`` (128), ``seed`` (0), ``strict``, ``strict_objects``, ``whitespace``, ``timeout_s``,
     ``separators``, ``temperature`` and ``top_p`` (``None``: from ``options``, default 1.0), as in
     :func:`~dgemma_struct.api.generate`; they override ``options``. The loop is always diffusion."""
     sampling = {k: v for k, v in (("temperature", temperature), ("top_p", top_p)) if v is not None}

@@ -24,6 +24,7 @@ from .grammars import compile_choice, compile_grammar, compile_regex
 from .json_schema import JsonPlan, json_options, make_validator, prepare_json_schema
 from .safety import check_schema_input, clip, parser_limits
 from .specs import Choice, Grammar, JsonSchema, Regex
+from .strict_objects import close_objects
 from .tokenizer import TokenizerInfo, get_tokenizer_info
 
 __all__ = ["compile_constraint", "cache_info", "cache_clear"]
@@ -182,21 +183,29 @@ def cache_clear() -> None:
 
 def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False, whitespace: str = "compact",
                        stop_token_ids: Sequence[int] | None = None, separators: tuple[str, str] | None = None,
-                       vocab_size: int | None = None, use_cache: bool = True) -> Constraint:
+                       vocab_size: int | None = None, use_cache: bool = True,
+                       strict_objects: bool | None = None) -> Constraint:
     """Compile ``spec`` for ``tokenizer`` (a HF fast tokenizer, an ``LLTokenizer`` or a
     :class:`TokenizerInfo`).
 
     ``whitespace``: ``"compact"`` (default: no whitespace between JSON tokens) or ``"model"`` /
     ``"flexible"`` (JSON whitespace allowed where JSON allows it). ``separators``: override the
     ``(item, key)`` separators, e.g. ``(", ", ": ")``. ``vocab_size``: mask width when the model's
-    embedding is larger than the tokenizer (extra ids are never allowed). Results are cached
+    embedding is larger than the tokenizer (extra ids are never allowed). ``strict_objects``: objects
+    that declare ``properties`` forbid undeclared keys (:func:`~.strict_objects.close_objects`);
+    ``None`` (default): strict for pydantic models and python types, JSON Schema's meaning for raw
+    schema dicts. Results are cached
     (LRU bounded by count and by estimated bytes, ``compile_constraint.cache_info()``)."""
     if tokenizer is None:
         raise ConstraintError("compile_constraint needs a tokenizer")
     json_options(whitespace, separators)  # a bad whitespace / separators: InvalidRequestError, before any work
     info = get_tokenizer_info(tokenizer, stop_token_ids, vocab_size)
     kind, payload, adapter, key = _normalise(spec, keyed=use_cache)
-    ck = (key, info.key, strict, whitespace, tuple(separators) if separators else None)
+    if strict_objects is not None and not isinstance(strict_objects, bool):
+        raise ConstraintError(f"strict_objects must be a bool or None, got {strict_objects!r}")
+    closed = (adapter is not None) if strict_objects is None else strict_objects
+    closed = closed and kind is ConstraintKind.JSON
+    ck = (key, info.key, strict, whitespace, tuple(separators) if separators else None, closed)
     if use_cache:
         with _cache_lock:
             hit = _cache.get(ck)
@@ -213,6 +222,8 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
         c = compile_choice(payload, info)
     else:
         desc = getattr(spec, "__name__", "json schema")
+        if closed:
+            payload = close_objects(payload)
         c = _compile_json(payload, info, strict=strict, whitespace=whitespace, separators=separators,
                           adapter=adapter, desc=desc, checked=adapter is None)  # _normalise checked dicts
     if use_cache:

@@ -122,7 +122,8 @@ class JsonValidator:
 
     def validate(self, text: str, constraint: "Constraint | None" = None) -> ValidationOutcome:
         try:
-            value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+            value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant,
+                               object_pairs_hook=_unique_keys)
         except (ValueError, RecursionError) as e:
             return ValidationOutcome(False, None, [ValidationIssue((), f"invalid JSON: {clip(e, 300)}")])
         issues = self.schema_issues(value)
@@ -160,6 +161,16 @@ def _finite_float(s: str) -> float:
     if f != f or f in (float("inf"), float("-inf")):
         raise ValueError(f"number {clip(s, 60)} is outside the IEEE double range")
     return f
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are unique: a duplicate key (``""`` included) is invalid output."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"duplicate key {clip(repr(dup), 60)}")
+    return d
 
 
 def _no_constant(s: str) -> Any:

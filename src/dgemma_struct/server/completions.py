@@ -3,7 +3,9 @@ batcher, and answer (a JSON body of :mod:`.responses`, or a stream of :mod:`.str
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
+import logging
 import time
 import uuid
 from typing import Any
@@ -26,11 +28,56 @@ from .state import ServerState
 from .streaming import stream_live, stream_validated
 from .tool_calls import check_context, compile_for, completion_body, prepare_tokenizer, row_tokens, sse_events
 
+_log = logging.getLogger("dgemma_struct.server")
 _FREE_TEXT = r"[\s\S]*"   # the constraint a thinking request without an output constraint answers under
 
 
 class _ClientGone(Exception):
     """The client disconnected before its answer was ready."""
+
+
+#: body fields that name an output constraint or a generation limit: an unknown field close to one of
+#: these (or under ``response_format`` / ``structured_outputs``) is a 400, never silently ignored
+_CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                      "guided_grammar", "max_tokens", "max_completion_tokens", "max_thinking_tokens", "stop")
+_CONSTRAINT_HINTS = ("guided", "structured", "schema", "regex", "grammar", "response_format", "max_")
+#: unknown to the request models but read elsewhere (tool calling) or documented as accepted and ignored
+_QUIET = frozenset({"tool_choice", "parallel_tool_calls", "functions", "function_call", "presence_penalty",
+                    "frequency_penalty", "logit_bias", "guided_decoding_backend"})
+_NESTED = {"response_format": ("type", "json_schema", "schema"),
+           "response_format.json_schema": ("name", "description", "schema", "strict"),
+           "structured_outputs": ("json", "regex", "grammar", "choice", "json_object", "disable_any_whitespace",
+                                  "disable_additional_properties", "disable_fallback")}
+_warned: set[str] = set()
+_MAX_WARNED = 1024  # names remembered (a client cannot grow the set without bound)
+
+
+def _unknown(name: str, param: str, known: Any) -> APIError:
+    hint = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return APIError(400, f"unknown parameter {param!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                    + " (a constraint or a limit is never ignored)", param=param, code="unknown_parameter")
+
+
+def check_fields(req: Any) -> None:
+    """An unknown body field that names a constraint or a generation limit (``guided_regx``,
+    ``max_token``, an unknown ``response_format`` / ``structured_outputs`` key) is a 400
+    ``unknown_parameter`` with a "did you mean" hint; any other unknown field is logged once per name."""
+    known = set(type(req).model_fields) | _QUIET
+    for name in req.model_extra or {}:
+        if name in _QUIET:
+            continue
+        low = name.lower()
+        if any(h in low for h in _CONSTRAINT_HINTS) or difflib.get_close_matches(low, _CONSTRAINT_FIELDS, cutoff=0.8):
+            raise _unknown(name, name, known)
+        if name not in _warned and len(_warned) < _MAX_WARNED:
+            _warned.add(name)
+            _log.warning("ignoring unknown request field %r (logged once per name)", name[:100])
+    rf, so = getattr(req, "response_format", None), getattr(req, "structured_outputs", None)
+    js = getattr(rf, "json_schema", None)
+    for where, obj in (("response_format", rf), ("response_format.json_schema", js), ("structured_outputs", so)):
+        for name in (getattr(obj, "model_extra", None) or {}) if obj is not None else {}:
+            if name not in _NESTED[where] or (where == "response_format" and rf.type != "json_object"):
+                raise _unknown(name, f"{where}.{name}", _NESTED[where])
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -97,6 +144,7 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
               tool_req: Any = None) -> Any:
     """Answer a chat (``chat=True``) or text completion request for ``prompts``: a JSON response,
     an SSE stream, or 499 when the client went away. Bad requests raise :class:`APIError`."""
+    check_fields(req)
     top = logprobs_of(req, chat=chat)
     max_tokens = state.check(req)
     n = req.n or 1

@@ -1,5 +1,5 @@
-"""Request bodies of the OpenAI-compatible endpoints (pydantic models; unknown OpenAI fields are
-accepted and ignored) and the translation of ``response_format`` / vLLM-style
+"""Request bodies of the OpenAI-compatible endpoints (pydantic models; unknown fields are kept for
+:func:`~.completions.check_fields`: refused when they name a constraint or a limit, else logged) and the translation of ``response_format`` / vLLM-style
 ``structured_outputs`` / ``guided_*`` fields into a dgemma-struct spec. Grammars are Lark, or
 GBNF/EBNF (``root ::= ...``, converted with llguidance's ``gbnf_to_lark``)."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from dgemma_struct.constraints import Choice, Grammar, Regex
+from dgemma_struct.constraints.strict_objects import close_objects
 
 from .errors import APIError
 
@@ -257,8 +258,10 @@ def spec_of(req: _Common) -> tuple[Any, str | None]:
             if rf.json_schema is None or rf.json_schema.schema_ is None:
                 raise APIError(400, "response_format.json_schema.schema is required for type 'json_schema'",
                                param="response_format.json_schema.schema", code="invalid_schema")
-            found.append((_schema_arg(rf.json_schema.schema_, "response_format.json_schema.schema"),
-                          "response_format"))
+            schema = _schema_arg(rf.json_schema.schema_, "response_format.json_schema.schema")
+            if rf.json_schema.strict:  # OpenAI strict mode: no undeclared keys in any object
+                schema = close_objects(schema)
+            found.append((schema, "response_format"))
     so = req.structured_outputs
     if so is not None:
         given = [k for k in ("json_", "regex", "grammar", "choice") if getattr(so, k) is not None]
@@ -269,7 +272,10 @@ def spec_of(req: _Common) -> tuple[Any, str | None]:
                                 f" (got {len(given)})", param="structured_outputs", code="invalid_constraint")
         k = given[0]
         if k == "json_":
-            found.append((_schema_arg(so.json_, "structured_outputs.json"), "structured_outputs.json"))
+            schema = _schema_arg(so.json_, "structured_outputs.json")
+            if (so.model_extra or {}).get("disable_additional_properties") is True:  # vLLM's strict switch
+                schema = close_objects(schema)
+            found.append((schema, "structured_outputs.json"))
         elif k == "json_object":
             found.append(({"type": "object"}, "structured_outputs.json_object"))
         elif k == "regex":
