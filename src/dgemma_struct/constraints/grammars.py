@@ -106,7 +106,7 @@ def _gbnf_to_lark(text: str) -> str:
     """llguidance's own GBNF converter; its errors become :class:`GrammarError` with line/column."""
     from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark
     try:
-        return gbnf_to_lark(text)
+        return _regroup_stacked_quantifiers(gbnf_to_lark(text))
     except GbnfToLarkError as e:
         pos = getattr(getattr(e, "pos", None), "pos", None)
         msg = str(e.args[0]) if e.args else str(e)
@@ -122,6 +122,52 @@ def _gbnf_to_lark(text: str) -> str:
         raise GrammarError("invalid GBNF grammar: nested too deeply") from None
     except Exception as e:  # noqa: BLE001 - the converter raises bare Exception for unknown rules / no root
         raise GrammarError(f"invalid GBNF grammar: {clip(e)}") from None
+
+
+def _regroup_stacked_quantifiers(lark: str) -> str:
+    """Put back the parentheses ``gbnf_to_lark`` (llguidance 1.9.1) drops around a quantified atom:
+    ``root ::= ( [x]* )*`` comes out as ``/[x]/**``, which is not Lark; it becomes ``(/[x]/*)*``.
+    String and regex literals are skipped, so a lazy ``*?`` inside a regex is left alone.
+
+    >>> _regroup_stacked_quantifiers('start: /[x]/** "a+"?')
+    'start: (/[x]/*)* "a+"?'
+    """
+    out: list[str] = []
+    atom = -1  # index in ``out`` where the last atom starts
+    stack: list[int] = []  # where the open groups start
+    i, n = 0, len(lark)
+    while i < n:
+        ch = lark[i]
+        if lark.startswith("//", i):  # a comment, to the end of the line
+            j = lark.find("\n", i)
+            j = n if j < 0 else j
+            out.append(lark[i:j])
+            i, atom = j, -1
+            continue
+        if ch in "\"/":  # a literal, to its end
+            j = i + 1
+            while j < n and lark[j] != ch and lark[j] != "\n":
+                j += 2 if lark[j] == "\\" else 1
+            atom = len(out)
+            out.append(lark[i:j + 1])
+            i = j + 1
+            continue
+        if ch in "*+?" and out and out[-1] in ("*", "+", "?") and atom >= 0:
+            out.insert(atom, "(")
+            out.append(")")
+            atom = -1
+        elif ch.isalnum() or ch == "_":
+            if not (out and (out[-1][-1:].isalnum() or out[-1][-1:] == "_")):
+                atom = len(out)
+        elif ch == "(":
+            stack.append(len(out))
+        elif ch == ")":
+            atom = stack.pop() if stack else -1
+        elif ch not in "*+?":
+            atom = -1
+        out.append(ch)
+        i += 1
+    return "".join(out)
 
 
 _LLG_DIALECT = re.compile(r'%json|%llguidance|%regex|%lark|<\[|<[A-Za-z_|]+>|max_tokens|""|\[lazy|stop\s*=')

@@ -1,0 +1,49 @@
+"""Re-validation closes engine holes (issue 23): known llguidance 1.9.1 bugs never yield an invalid
+value as a success -- the independent validator (jsonschema / the grammar's parser) decides."""
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from dgemma_struct import Grammar
+from dgemma_struct.constraints import compile_constraint
+from dgemma_struct.constraints.grammars import _regroup_stacked_quantifiers
+
+PREFIX_SCHEMAS = [
+    # JSON-Schema-Test-Suite draft2020-12 uniqueItems: "uniqueItems with an array of items and additionalItems=false"
+    {"$schema": "https://json-schema.org/draft/2020-12/schema",
+     "prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "uniqueItems": True, "items": False},
+    {"prefixItems": [{"type": "boolean"}, {"type": "boolean"}], "additionalItems": False, "uniqueItems": True},
+]
+ARRAYS = [[False, True], [True, False], [False, False], [True, True], [False, True, None], [1]]
+
+
+@pytest.mark.parametrize("schema", PREFIX_SCHEMAS)
+def test_prefix_items_engine_hole_is_caught_by_validation(hf_tok, schema):
+    import json
+    c = compile_constraint(schema, hf_tok)
+    holes = 0
+    for value in ARRAYS:
+        text = json.dumps(value, separators=(",", ":"))
+        valid = jsonschema.validators.validator_for(schema)(schema).is_valid(value)
+        holes += c.grammar_accepts(text) and not valid
+        assert c.matches(text) is valid, text              # never an invalid array as a success
+        assert c.validate_text(text).ok is valid, text
+    assert holes >= 2  # the engine does accept invalid arrays: this test is about validation catching them
+
+
+def test_gbnf_to_lark_dropped_parentheses_are_restored(hf_tok):
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+    assert "/[x]/**" in gbnf_to_lark("root ::= ( [x]* )*")  # the engine bug (llguidance 1.9.1)
+    g = compile_constraint(Grammar("root ::= ( [x]* )*"), hf_tok)  # was "invalid Lark grammar"
+    for text, ok in [("", True), ("x", True), ("xxxx", True), ("y", False), ("xy", False)]:
+        assert g.matches(text) is ok, text
+    ab = compile_constraint(Grammar('root ::= ( "ab"+ )* "c"'), hf_tok)
+    for text, ok in [("c", True), ("abc", True), ("ababc", True), ("abac", False), ("ab", False)]:
+        assert ab.matches(text) is ok, text
+
+
+def test_regroup_leaves_literals_and_comments_alone():
+    assert _regroup_stacked_quantifiers('a: /x*?/ "+*" // c **\n') == 'a: /x*?/ "+*" // c **\n'
+    assert _regroup_stacked_quantifiers("a: b?+ (c)*") == "a: (b?)+ (c)*"
+    assert _regroup_stacked_quantifiers("a: x (b c)+*") == "a: x ((b c)+)*"
