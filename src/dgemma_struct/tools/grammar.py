@@ -12,6 +12,7 @@ from dgemma_struct.tools.numeric import bounded_number_regex
 from dgemma_struct.tools.syntax import _KEY, GEMMA4_MARKERS, encode_arguments
 
 _MAX_DEPTH = 24
+_MAX_REPEAT = 64  # array bounds up to this are in the grammar; beyond, validation alone enforces them
 _STR_BODY = r"/([^<]|<+[^<|])*<*/"  # never contains "<|": no spelled-out control token inside a string
 _INT = r"/-?(0|[1-9][0-9]*)/"
 _NUM = r"/-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?/"
@@ -171,12 +172,28 @@ class _GrammarBuilder:
             items = s.get("items", True)
             item = self.new("item")
             self.rules[item] = self.expr(items if not isinstance(items, list) else True, root, depth + 1)
-            if isinstance(s.get("minItems"), int) and s["minItems"] >= 1:
-                return f'"[" {item} ("," {item})* "]"'
-            return f'"[" ({item} ("," {item})*)? "]"'
+            return self.array_rule(item, s.get("minItems"), s.get("maxItems"))
         if t == "object":
             return self.object_rule(s, root, depth)
         raise ToolCallError(f"tool {root!r}: unknown type {t!r}")
+
+    @staticmethod
+    def array_rule(item: str, lo: Any, hi: Any) -> str:
+        """``[item, ...]`` with ``minItems`` / ``maxItems`` as the JSON path enforces them (bounds
+        beyond :data:`_MAX_REPEAT` are left to validation: the grammar stays a superset)."""
+        lo = lo if isinstance(lo, int) and not isinstance(lo, bool) and lo > 0 else 0
+        hi = hi if isinstance(hi, int) and not isinstance(hi, bool) and hi >= 0 else None
+        if hi is not None and hi < lo:
+            hi = lo  # unsatisfiable: validation refuses every value
+        if lo > _MAX_REPEAT:
+            lo = 1
+        if hi is not None and hi > _MAX_REPEAT:
+            hi = None
+        if hi == 0:
+            return '"[" "]"'
+        more = f'("," {item})' + (f"{{{max(lo - 1, 0)},{hi - 1}}}" if hi is not None
+                                  else f"{{{lo - 1},}}" if lo > 1 else "*")
+        return f'"[" {item} {more} "]"' if lo >= 1 else f'"[" ({item} {more})? "]"'
 
     def object_rule(self, s: Mapping[str, Any], root: str, depth: int) -> str:
         props = s.get("properties") or {}
