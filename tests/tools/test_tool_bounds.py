@@ -8,6 +8,7 @@ import json
 import pytest
 from pydantic import BaseModel, Field
 
+from dgemma_struct.testing import embedded_runtime  # noqa: F401  (a session-scoped fixture)
 from dgemma_struct.tools import compile_tool_calls, encode_arguments
 
 STOPS = [1, 106, 50]
@@ -53,3 +54,14 @@ def test_same_schema_same_verdicts_on_both_surfaces(tools_c, gemma4_tokenizer, m
         text = call(model.__name__, args)
         assert tools_c.grammar_accepts(text) is as_json, args  # the grammar, not only validation
         assert tools_c.validate_text(text).ok is as_json, args
+
+
+@pytest.mark.parametrize("mode", ["ar", "diffusion"])
+def test_embedded_model_bounded_list_tool_is_called_validly(embedded_runtime, mode):
+    """Before: ``GenerationFailed ... is too long`` every time (the grammar let the list grow)."""
+    from dgemma_struct import generate_tool_calls
+    for seed in range(3):
+        res = generate_tool_calls("Tag the post 'Diffusion models for structured output' with two tags.", [Tag],
+                                  tool_choice="required", runtime=embedded_runtime, mode=mode, seed=seed,
+                                  max_new_tokens=48)
+        assert res.calls and all(len(c.arguments["tags"]) == 2 for c in res.calls)
