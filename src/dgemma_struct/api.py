@@ -57,7 +57,9 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
 
     The knobs are the fields of :class:`~dgemma_struct.options.GenerateOptions`, passed as an
     ``options`` object and/or as keywords (keywords win): ``max_new_tokens=128``, ``seed=0``,
-    ``mode="diffusion"``, ``max_repairs=2``, ``strict=False``, ``fallback=True``,
+    ``mode="diffusion"``, ``max_repairs=2``, ``strict=False``, ``strict_objects=None`` (``True``: no
+    undeclared keys in objects that declare ``properties``; ``None``: so for pydantic models and python
+    types, JSON Schema's meaning for raw schema dicts), ``fallback=True``,
     ``timeout_s=None``, ``whitespace="compact"``, ``separators=None``, ``progress=True``,
     ``repair_junk=True``, ``close_on_budget=True``, ``temperature=None``, ``top_p=1.0``, ``n=1``,
     ``thinking=False``, ``max_thinking_tokens=1024``, ``return_details=False``, ``logprobs=None``,
