@@ -47,3 +47,14 @@ def test_regroup_leaves_literals_and_comments_alone():
     assert _regroup_stacked_quantifiers('a: /x*?/ "+*" // c **\n') == 'a: /x*?/ "+*" // c **\n'
     assert _regroup_stacked_quantifiers("a: b?+ (c)*") == "a: (b?)+ (c)*"
     assert _regroup_stacked_quantifiers("a: x (b c)+*") == "a: x ((b c)+)*"
+
+
+def test_draft7_tuple_with_additional_items_false_accepts_valid_tuples(hf_tok):
+    """The grammar copy spells draft-07 tuples as 2020-12 ``prefixItems``; under the draft-07
+    ``$schema`` llguidance read the rewritten ``items: false`` as "no items" and refused ``[false,true]``."""
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#",
+              "items": [{"type": "boolean"}, {"type": "boolean"}], "additionalItems": False}
+    c = compile_constraint(schema, hf_tok)
+    for text, ok in [("[false,true]", True), ("[true]", True), ("[]", True), ("[false,true,null]", False),
+                     ("[1]", False)]:
+        assert c.matches(text) is ok, text

@@ -169,6 +169,7 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
     # a JSON value (checked): ~4x faster than copy.deepcopy
     g = json.loads(text if text is not None else json.dumps(schema))
     extreme = text is None or _EXTREME.search(text) is not None
+    tuples = False
     for _, s in iter_subschemas(g):
         if extreme:
             drop_extreme_bounds(s, dropped)
@@ -194,6 +195,7 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
                 if flag and is_number(s.get(bound)):
                     s[kw] = s.pop(bound)
         if isinstance(s.get("items"), list):  # draft-7 tuple form
+            tuples = True
             s["prefixItems"] = s.pop("items")
             if "additionalItems" in s:
                 s["items"] = s.pop("additionalItems")
@@ -204,6 +206,11 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
             decimal_step_copy(s, dropped)  # llguidance compiles a decimal step next to bounds wrongly
         if wide:
             _drop_wide_ints(s, dropped, wide != "ints")
+    if isinstance(g, dict) and isinstance(g.get("$schema"), str) and "2020-12" not in g["$schema"] \
+            and tuples:
+        # the copy now spells tuples the 2020-12 way: under a draft-07 "$schema" llguidance read the
+        # rewritten ``items: false`` as "no item at all" and refused valid tuples
+        g["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return g
 
 
