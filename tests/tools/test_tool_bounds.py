@@ -65,3 +65,11 @@ def test_embedded_model_bounded_list_tool_is_called_validly(embedded_runtime, mo
                                   tool_choice="required", runtime=embedded_runtime, mode=mode, seed=seed,
                                   max_new_tokens=48)
         assert res.calls and all(len(c.arguments["tags"]) == 2 for c in res.calls)
+
+
+def test_tool_arguments_are_strict_objects(tools_c):
+    """No undeclared key in tool arguments: the grammar writes declared keys only, validation agrees."""
+    text = call("Tag", {"tags": ["a", "b"], "extra": 1})
+    assert not tools_c.grammar_accepts(text)
+    out = tools_c.validate_text(text)
+    assert not out.ok and "extra" in str(out.errors)
