@@ -70,3 +70,23 @@ def test_a_body_that_is_not_json_names_body():
     r = asyncio.run(go())
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "body", r.json()
+
+
+def test_identical_specs_arriving_together_compile_once(state, monkeypatch):
+    calls = []
+    real = state._compile_blocking
+
+    def counted(spec):
+        calls.append(spec)
+        time.sleep(0.2)
+        return real(spec)
+
+    monkeypatch.setattr(state, "_compile_blocking", counted)
+    spec = {"type": "object", "properties": {"burst": {"type": "integer"}}, "required": ["burst"]}
+
+    async def burst():
+        return await asyncio.gather(*[state.compile(spec, "response_format") for _ in range(6)])
+
+    out = asyncio.run(burst())
+    assert len(calls) == 1 and all(c is out[0] for c in out)
+    assert not state._inflight

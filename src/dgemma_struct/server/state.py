@@ -49,6 +49,7 @@ class ServerState:
         # a lane of its own for small specs (a choice, a flat object): a flood of big compiles
         # holding every slot above never holds them up (the pool has a matching worker lane)
         self.small_sem = asyncio.Semaphore(1)
+        self._inflight: dict[str, asyncio.Future] = {}   # spec key -> its compile in progress
         self.small_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dgemma-struct-compile-small")
         # specs whose probe succeeded before: compiled (usually a cache hit) without waiting for a slot
         self.known_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dgemma-struct-compile-known")
@@ -117,6 +118,27 @@ class ServerState:
                 self.metrics.verdict_hits.inc()
             raise APIError(verdict.get("status", 400), verdict.get("message", "this constraint was refused before"),
                            param=param, code=verdict.get("code"))
+        # one compile per spec at a time: identical requests arriving together (a client's burst)
+        # wait for the first one's compile instead of taking every slot with the same work
+        running = self._inflight.get(key)
+        if running is not None:
+            return await asyncio.shield(running)
+        task = asyncio.ensure_future(self._compile_once(key, spec, param))
+        self._inflight[key] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._inflight.pop(key, None)
+            else:   # this caller went away: the compile goes on for the others, then leaves the map
+                task.add_done_callback(functools.partial(self._compiled, key))
+
+    def _compiled(self, key: str, task: asyncio.Future) -> None:
+        self._inflight.pop(key, None)
+        if not task.cancelled():
+            task.exception()   # retrieved: an error nobody waits for any more is not logged as lost
+
+    async def _compile_once(self, key: str, spec: Any, param: str | None) -> Any:
         t0 = time.perf_counter()
         hits = cache_info().hits
         try:
