@@ -73,3 +73,17 @@ def test_tool_arguments_are_strict_objects(tools_c):
     assert not tools_c.grammar_accepts(text)
     out = tools_c.validate_text(text)
     assert not out.ok and "extra" in str(out.errors)
+
+
+class Code(BaseModel):
+    """A code with a pattern and a length."""
+    code: str = Field(pattern=r"^[A-Z]+$", min_length=2, max_length=3)
+
+
+def test_pattern_and_length_both_in_the_tool_grammar(gemma4_tokenizer):
+    from dgemma_struct.constraints import compile_constraint
+    c = compile_tool_calls([Code], gemma4_tokenizer, stop_token_ids=STOPS)
+    js = compile_constraint(Code, gemma4_tokenizer, stop_token_ids=STOPS)
+    for code in ("A", "AB", "ABC", "ABCD", "ab", "A1"):
+        ok = js.matches(json.dumps({"code": code}, separators=(",", ":")))
+        assert c.grammar_accepts(call("Code", {"code": code})) is ok, code

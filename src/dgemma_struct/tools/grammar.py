@@ -78,6 +78,14 @@ class _GrammarBuilder:
             inner = _regex_lit(f"[^<]{{{a},{b}}}")
         else:
             inner = _STR_BODY
+        if inner.startswith("/") and inner != _STR_BODY and not inner.startswith("/[^<]{") \
+                and (isinstance(lo, int) or isinstance(hi, int)):
+            # a pattern / format AND a length: both, as the intersection of two lexemes (llguidance ``&``)
+            a = lo if isinstance(lo, int) and lo >= 0 else 0
+            b = "" if not isinstance(hi, int) else str(max(hi, a))
+            name = self.new("LEN")
+            self.rules[name] = f"{inner} & /[^<]{{{a},{b}}}/"
+            inner = name
         return f"{self.str_tok} {inner} {self.str_tok}"
 
     @staticmethod
