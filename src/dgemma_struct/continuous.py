@@ -90,6 +90,7 @@ class BatchFailed(Exception):
 
 #: the options a batch's :class:`ConstraintGuide` is built from (:meth:`ContinuousScheduler._new_batch`)
 GUIDE_KNOBS = ("progress", "force_tokens", "renoise_invalid", "close_on_budget")
+_DEFAULT_KNOBS = (True, True, False, True)   # what ``_new_batch`` builds a guide with for a row without options
 
 
 @dataclass(eq=False)
@@ -145,7 +146,14 @@ class ContinuousScheduler:
         """What rows must share to share a batch: the mode and sampling, and the knobs the batch's
         guide is built with (a row never runs under another request's progress or closing rule)."""
         o = req.session.opts if req.session is not None else None
-        return (req.mode, req.temperature, req.top_p) + (tuple(getattr(o, k) for k in GUIDE_KNOBS) if o else ())
+        return (req.mode, req.temperature, req.top_p) + (tuple(getattr(o, k) for k in GUIDE_KNOBS) if o
+                                                          else _DEFAULT_KNOBS)
+
+    @staticmethod
+    def _joins(b: _Batch, req: RowRequest, key: tuple) -> bool:
+        """A free-text row (no constraint, so no guide rule applies to it) joins any batch of its
+        mode and sampling; a constrained row only one built with its own guide knobs."""
+        return b.key == key if req.session is not None else b.key[:3] == key[:3]
 
     def _fits(self, b: _Batch, req: RowRequest) -> bool:
         n, width = len(req.prompt_ids), b.canvas.width
@@ -195,7 +203,7 @@ class ContinuousScheduler:
                 still.append(req)
                 continue
             key = self._key(req)
-            target = next((b for b in reversed(self.batches) if b.key == key and self._fits(b, req)), None)
+            target = next((b for b in reversed(self.batches) if self._joins(b, req, key) and self._fits(b, req)), None)
             if target is None:
                 target = self._new_batch(req, load=self.running + len(self.waiting))
             joining.setdefault(id(target), []).append(req)
