@@ -25,39 +25,10 @@ from typing import Any
 
 from dgemma_struct.errors import GrammarError
 
-from .safety import MAX_SCHEMA_DEPTH, clip
+from .safety import MAX_SCHEMA_DEPTH, WIDE, clip, has_wide_number, is_wide_number
 
 __all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "decimal_step_copy", "MAX_ENUMERATED_MULTIPLES", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
            "lone_surrogate", "is_ecma_regex"]
-
-#: numbers at or past this size (as doubles) are kept away from the engine
-WIDE = float(2 ** 63)
-
-
-def is_wide_number(v: Any) -> bool:
-    """An ``int`` or ``float`` whose double value reaches ``+-2**63`` (or does not fit a double)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return abs(float(v)) >= WIDE
-    except OverflowError:
-        return True
-
-
-def has_wide_number(obj: Any, floats: bool = True) -> bool:
-    """Whether the JSON value ``obj`` holds a wide number anywhere (``floats=False``: wide ints only).
-    Iterative."""
-    stack = [obj]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
-            stack.extend(x.values())
-        elif isinstance(x, list):
-            stack.extend(x)
-        elif is_wide_number(x) and (floats or isinstance(x, int)):
-            return True
-    return False
-
 
 #: number bounds this large (or smaller than 1e-15 but not 0) are left out of the grammar copy: llguidance's
 #: range regexes fail near the 64-bit limits ("Failed to generate regex for integer range") and on long

@@ -38,7 +38,8 @@ from urllib.parse import unquote
 from dgemma_struct.errors import ConstraintEngineError, DgemmaStructError, SchemaError
 
 __all__ = ["MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "MAX_SPEC_BYTES", "MAX_ERROR_CHARS", "check_schema_input",
-           "is_wide_int", "has_wide_int", "engine_guard", "guarded", "is_native_panic", "clip", "check_ref_cycles",
+           "is_wide_int", "has_wide_int", "is_wide_number", "has_wide_number", "WIDE", "engine_guard", "guarded",
+           "is_native_panic", "clip", "check_ref_cycles",
            "PARSER_LIMITS", "parser_limits", "LIMIT_WORDS", "is_limit_error"]
 
 #: most nested containers (dicts / lists) in a schema; JSONSchemaBench's deepest has 63, the engine
@@ -56,7 +57,8 @@ PARSER_LIMITS = dict(max_grammar_size=500_000, initial_lexer_fuel=2_000_000, max
 #: words of an engine message that refuses a spec for its size (a limit), not for its content
 LIMIT_WORDS = ("limit", "fuel", "too many", "too complex", "too large")
 
-_WIDE = float(2 ** 63)
+#: numbers at or past this size (as doubles) are kept away from the engine
+WIDE = float(2 ** 63)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -86,18 +88,20 @@ def is_limit_error(msg: str, extra: tuple[str, ...] = ()) -> bool:
     return any(w in low for w in LIMIT_WORDS + tuple(extra))
 
 
-def is_wide_int(v: Any) -> bool:
-    """An integer llguidance must never see: its double value reaches +-2**63 (or it does not fit)."""
-    if isinstance(v, bool) or not isinstance(v, int):
+def is_wide_number(v: Any) -> bool:
+    """An ``int`` or ``float`` whose double value reaches ``+-2**63`` (or does not fit a double): a
+    number llguidance must never see (one rule for ints and integral floats, everywhere)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return False
     try:
-        return abs(float(v)) >= _WIDE
+        return abs(float(v)) >= WIDE
     except OverflowError:
         return True
 
 
-def has_wide_int(obj: Any) -> bool:
-    """Whether ``obj`` (a JSON value, depth already bounded) holds a wide integer anywhere."""
+def has_wide_number(obj: Any, floats: bool = True) -> bool:
+    """Whether the JSON value ``obj`` holds a wide number anywhere (``floats=False``: wide ints only).
+    Iterative."""
     stack = [obj]
     while stack:
         x = stack.pop()
@@ -105,9 +109,19 @@ def has_wide_int(obj: Any) -> bool:
             stack.extend(x.values())
         elif isinstance(x, list):
             stack.extend(x)
-        elif is_wide_int(x):
+        elif is_wide_number(x) and (floats or isinstance(x, int)):
             return True
     return False
+
+
+def is_wide_int(v: Any) -> bool:
+    """An integer llguidance must never see: :func:`is_wide_number` for ints."""
+    return isinstance(v, int) and is_wide_number(v)
+
+
+def has_wide_int(obj: Any) -> bool:
+    """Whether ``obj`` (a JSON value, depth already bounded) holds a wide integer anywhere."""
+    return has_wide_number(obj, floats=False)
 
 
 def _fmt(path: list) -> str:
