@@ -88,6 +88,7 @@ class _Spy(ConstraintGuide):
         super().accept(view)
 
     def mask_ar_logits(self, logits, active):
+        self.drain()  # the look-ahead worker may still be walking row 0's matcher (it is not thread-safe)
         allowed = _allowed(self.rows[0].walker.mask(), logits.shape[-1])
         super().mask_ar_logits(logits, active)
         self._ar = (len(self.rows[0].walker.frozen_tokens) - self.rows[0].start, logits[0].clone(), allowed)
