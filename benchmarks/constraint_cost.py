@@ -3,7 +3,7 @@
 Workload: the Gemma 4 tokenizer (vocab 262,144, from ``../shared/data/gemma4-tokenizer``) and a JSON
 Schema whose outputs grow without bound (an array of objects: forced keys, free strings, integers,
 a nested array). No model: a diffusion run is simulated, driving one
-:class:`~dgemma_struct.constraints.CanvasWalker` exactly as :class:`~dgemma_struct.guide.ConstraintGuide`
+:class:`~dgemma_struct.constraints.CanvasWalker` exactly as :class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide`
 does, canvas by canvas (256 positions):
 
 * each step the draft from the frontier is walked (``mask_logits``): its first ``k + j`` tokens are
@@ -102,8 +102,8 @@ class Target:
 
 
 def simulate(cons, n_tokens: int, seed: int, close: bool) -> dict:
-    from dgemma_struct.budget import cap_run, free_room
-    from dgemma_struct.rows import RowState
+    from dgemma_struct.guide.budget import cap_run, free_room
+    from dgemma_struct.guide.rows import RowState
 
     rnd = random.Random(seed)
     text = _target_text(n_tokens // 6 + 40, seed)
@@ -260,16 +260,16 @@ ORDER = {"type": "object", "properties": {
 
 def worker_share(lengths: list[int]) -> dict:
     """Guide time over wall time of constrained diffusion on the embedded model: one run per length
-    through :class:`~dgemma_struct.guide.ConstraintGuide` (token budget = length, closing on), an
+    through :class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide` (token budget = length, closing on), an
     array of the order objects the model was trained on with ``minItems`` = length / 96 (the model
     alone writes one object), the prompt listing up to 8 orders. No repairs: the cost of one run."""
     import torch
 
     import dgemma_struct
-    import dgemma_struct.guide as guide_mod
+    import dgemma_struct.guide.constraint_guide as guide_mod
     from dgemma_struct import DiffusionRuntime
-    from dgemma_struct.guide import ConstraintGuide
-    from dgemma_struct.request import constraint_for
+    from dgemma_struct.guide.constraint_guide import ConstraintGuide
+    from dgemma_struct.repair.preparation import constraint_for
 
     closing_s = [0.0]  # time in the budget helpers the guide calls (closing plans), part of its time
 

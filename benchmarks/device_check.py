@@ -9,7 +9,7 @@ timed and bounded (SIGALRM); a failing or slow part never stops the others.
   b  a full denoising step at vocab 262,144 / canvas 256 (random weights, bf16), B = 1 / 8 / 32,
      constrained JSON and free text: forward (CUDA events) vs everything else per step, host syncs
      per step (``torch.cuda.set_sync_debug_mode("warn")``, those inside the forward apart) and host
-     reads outside the forward (``dgemma_struct.profiling.HostSyncProbe`` when present)
+     reads outside the forward (``dgemma_struct.engine.profiling.HostSyncProbe`` when present)
   c  every public path once with the embedded model on the device
   d  ``dgemma-struct serve --device cuda --dtype bf16`` in a subprocess on loopback, 16 concurrent
      JSON requests
@@ -220,7 +220,7 @@ def _step_runtime(run: Run):
     """Real shape (random weights, bf16) with the Gemma 4 tokenizer from ../shared or a synthetic
     Gemma-4-shaped one; in the smoke run, the embedded model."""
     from dgemma_struct.runtime import DiffusionRuntime
-    from dgemma_struct.sampler import DiffusionSettings
+    from dgemma_struct.engine.sampler import DiffusionSettings
 
     if run.smoke:
         rt = DiffusionRuntime.default(device="cpu", dtype="fp32")
@@ -228,7 +228,7 @@ def _step_runtime(run: Run):
     else:
         from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
-        from dgemma_struct.model_config import real_shape_config
+        from dgemma_struct.engine.model_config import real_shape_config
 
         found = [d for d in (os.environ.get("DEVICE_CHECK_TOKENIZER"), ROOT.parent / "shared/data/gemma4-tokenizer",
                              ROOT / "shared/data/gemma4-tokenizer") if d and (Path(d) / "tokenizer.json").exists()]
@@ -256,7 +256,7 @@ def _guide(rt, constraint, B: int, max_new: int):
         spec.loader.exec_module(mod)
         return mod.guide_for(rt, constraint, B, max_new)
     except (ImportError, AttributeError, FileNotFoundError):
-        from dgemma_struct.guide import ConstraintGuide
+        from dgemma_struct.guide.constraint_guide import ConstraintGuide
         return ConstraintGuide([constraint.canvas_walker() for _ in range(B)], pad_token_id=rt.pad_token_id or 0,
                                budgets=[max_new] * B, close_on_budget=True)
 
@@ -266,7 +266,7 @@ def _measure_step(run: Run, rt, constraint, B: int, max_new: int) -> dict:
 
     torch = run.torch
     try:
-        from dgemma_struct.profiling import HostSyncProbe, model_section
+        from dgemma_struct.engine.profiling import HostSyncProbe, model_section
     except ImportError:
         HostSyncProbe, model_section = None, None
     events, caught, in_fwd = [], [], [0]

@@ -5,8 +5,8 @@ allows, which the model does not have, and assumed cache reuse a real run does n
 
 1. **Record.** The embedded model (``DiffusionRuntime.default()``, vocab 2,048, canvas 32) runs
    held-out JSON prompts (``make_corpus(seed=HELD_OUT_SEED)``, the JSON examples without thinking)
-   through the constrained API: a session from :func:`dgemma_struct.request.prepare`, and a
-   :class:`ConstraintGuide` built as :func:`dgemma_struct.repair.batch_guide` builds it, subclassed to
+   through the constrained API: a session from :func:`dgemma_struct.repair.preparation.prepare`, and a
+   :class:`ConstraintGuide` built as :func:`dgemma_struct.repair.session.batch_guide` builds it, subclassed to
    record at every ``mask_logits`` call, per live row, the frontier (``n_frozen``), the draft from
    the frontier (``view.draft``: the argmax before masking) and the tokens committed so far.
    One attempt per prompt (no repair pass), batched ``--batch`` prompts per ``generate_ids`` call.
@@ -64,7 +64,7 @@ MAX_NEW_TOKENS = 96   # as the held-out evaluation (training/evaluate.py)
 
 # ---------------------------------------------------------------------------------------- record
 def recording_guide_cls():
-    from dgemma_struct.guide import ConstraintGuide
+    from dgemma_struct.guide.constraint_guide import ConstraintGuide
 
     class RecordingGuide(ConstraintGuide):
         """A ConstraintGuide that records, at every ``mask_logits``, each live row's frontier, its
@@ -96,7 +96,7 @@ def record(n: int, batch: int, max_new_tokens: int) -> tuple[list[dict], dict]:
     """Traces of the first ``n`` held-out JSON prompts (no thinking) on the embedded model."""
     from dgemma_struct import DiffusionRuntime
     from dgemma_struct.options import GenerateOptions
-    from dgemma_struct.request import prepare
+    from dgemma_struct.repair.preparation import prepare
     from dgemma_struct.training.corpus import make_corpus
     from dgemma_struct.training.evaluate import HELD_OUT_SEED
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from dgemma_struct.canvas import diffusion_loop
-from dgemma_struct.model_config import real_shape_config
+from dgemma_struct.engine.canvas import diffusion_loop
+from dgemma_struct.engine.model_config import real_shape_config
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.engine.sampler import DiffusionSettings
 from dgemma_struct.training.corpus import make_corpus
 from dgemma_struct.training.evaluate import HELD_OUT_SEED
 

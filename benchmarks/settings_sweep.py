@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.engine.sampler import DiffusionSettings
 from dgemma_struct.training.evaluate import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,8 @@ A random-weight DiffusionGemma at real shape (vocab 262,144, canvas 256, 5:1 sli
 of denoising steps per canvas (the stopper cannot fire on a random model). Timing arms: ``free``
 (no constraint: the path that must reproduce ``model.generate``) and ``json`` (a JSON-Schema
 constraint through ``ConstraintGuide``, budgeted and closing as the verbs run it), B=1. Probe arms:
-the constrained step at each ``--batches`` size under :class:`dgemma_struct.profiling.HostSyncProbe`
-and :class:`~dgemma_struct.profiling.AllocationProbe` (the model's forward excluded; the probes are
+the constrained step at each ``--batches`` size under :class:`dgemma_struct.engine.profiling.HostSyncProbe`
+and :class:`~dgemma_struct.engine.profiling.AllocationProbe` (the model's forward excluded; the probes are
 loaded from this tree, so an old tree is counted the same way). Not a timed test.
 
     # before/after: a worktree of the old commit (never a checkout in the main tree)
@@ -39,7 +39,7 @@ PROMPT = "Give a note and a number as JSON."
 
 def _probes():
     """The probe module of *this* tree, whatever ``dgemma_struct`` is on the path."""
-    spec = importlib.util.spec_from_file_location("_step_cost_profiling", ROOT / "src" / "dgemma_struct" / "profiling.py")
+    spec = importlib.util.spec_from_file_location("_step_cost_profiling", ROOT / "src" / "dgemma_struct" / "engine" / "profiling.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -57,7 +57,7 @@ def exclude_forward(model, section) -> None:
 
 
 def guide_for(rt, constraint, B: int, max_new: int):
-    from dgemma_struct.guide import ConstraintGuide
+    from dgemma_struct.guide.constraint_guide import ConstraintGuide
 
     return ConstraintGuide([constraint.canvas_walker() for _ in range(B)], pad_token_id=rt.pad_token_id or 0,
                            budgets=[max_new] * B, close_on_budget=True)
@@ -69,7 +69,7 @@ def count_step(rt, constraint, B: int, max_new: int, prof) -> dict:
     cfg = rt.model.config
     hook = guide_for(rt, constraint, B, max_new)
     reads, allocs = prof.HostSyncProbe(), prof.AllocationProbe(cfg.canvas_length * cfg.text_config.vocab_size)
-    import dgemma_struct.canvas as canvas_mod
+    import dgemma_struct.engine.canvas as canvas_mod
 
     step, in_step = canvas_mod.denoise_step, []
 
@@ -97,9 +97,9 @@ def worker(steps: int, arms: list[str], repeats: int, batches: list[int]) -> dic
 
     import dgemma_struct
     from dgemma_struct.api import constraint_for
-    from dgemma_struct.model_config import real_shape_config
+    from dgemma_struct.engine.model_config import real_shape_config
     from dgemma_struct.runtime import DiffusionRuntime
-    from dgemma_struct.sampler import DiffusionSettings
+    from dgemma_struct.engine.sampler import DiffusionSettings
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -58,7 +58,7 @@ def main() -> None:
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     from dgemma_struct.errors import DgemmaStructError
-    from dgemma_struct.model_config import real_shape_config
+    from dgemma_struct.engine.model_config import real_shape_config
     from dgemma_struct.runtime import DiffusionRuntime
     from dgemma_struct.tools import compile_tool_calls, generate_tool_calls
 

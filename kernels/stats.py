@@ -1,7 +1,7 @@
 """Per-row statistics of masked, temperature-scaled logits (one pass per row on Triton).
 
 On CUDA the constrained loop takes its entropies from the Triton kernel
-(:func:`dgemma_struct.sampler.entropy_at` with ``backend="auto"``); the unconstrained path keeps the
+(:func:`dgemma_struct.engine.sampler.entropy_at` with ``backend="auto"``); the unconstrained path keeps the
 chunked torch operations, bit-identical to transformers. See docs/kernels.md.
 """
 from __future__ import annotations

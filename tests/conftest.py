@@ -68,7 +68,7 @@ def gemma4_random_runtime(gemma4_tokenizer):
     layers) with the Gemma 4 tokenizer and DiffusionGemma's stop set, 3 denoising steps per canvas."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    from dgemma_struct.model_config import real_shape_config
+    from dgemma_struct.engine.model_config import real_shape_config
     from dgemma_struct.runtime import DiffusionRuntime
 
     torch.manual_seed(0)
@@ -86,7 +86,7 @@ def tiny_gemma3_runtime():
     tool tokens, so thinking and tool requests must be refused with typed errors."""
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    from dgemma_struct.model_config import tiny_config
+    from dgemma_struct.engine.model_config import tiny_config
     from dgemma_struct.runtime import DiffusionRuntime
     from dgemma_struct.testing import gemma3_style_tokenizer
 

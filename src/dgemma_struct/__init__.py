@@ -16,9 +16,9 @@ from dgemma_struct.api import (Generator, agenerate, agenerate_json, generate, g
 from dgemma_struct.constraints import Choice, Constraint, Grammar, JsonSchema, Regex, compile_constraint
 from dgemma_struct.errors import DgemmaStructError
 from dgemma_struct.options import GenerateOptions
-from dgemma_struct.request import constraint_for
+from dgemma_struct.repair.preparation import constraint_for
 from dgemma_struct.streaming import partial_json, stream, stream_json
-from dgemma_struct.hooks import NullHook, StepHook, StepView
+from dgemma_struct.engine.hooks import NullHook, StepHook, StepView
 from dgemma_struct.choice_scores import choice_probabilities
 from dgemma_struct.results import CanvasEvent, ChoiceResult, GenerationResult, GenerationStats, TokenLogprob
 from dgemma_struct.grounding import Grounded, GroundedResult, generate_grounded, generate_grounded_batch

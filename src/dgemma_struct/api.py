@@ -3,9 +3,9 @@
 compiled once, then called on many prompts).
 
 The flow, top to bottom: options (:class:`~dgemma_struct.options.GenerateOptions`) → prompt and
-constraint (:func:`~dgemma_struct.request.prepare`) → canvas loop with a
-:class:`~dgemma_struct.guide.ConstraintGuide` → validation → repair (renoise from the earliest
-offending token) → AR fallback on the same weights (:mod:`dgemma_struct.repair`) → a valid value,
+constraint (:func:`~dgemma_struct.repair.preparation.prepare`) → canvas loop with a
+:class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide` → validation → repair (renoise from the earliest
+offending token) → AR fallback on the same weights (:mod:`dgemma_struct.repair.session`) → a valid value,
 or a typed error.
 
 Example::
@@ -26,12 +26,12 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from dgemma_struct.constraints import Choice, Grammar, Regex
-from dgemma_struct.continuous import BatchFailed, ContinuousScheduler, RowRequest
+from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest
 from dgemma_struct.errors import ChoiceError, DgemmaStructError, GenerationTimeout, InvalidRequestError
 from dgemma_struct.options import FIELDS, GenerateOptions, offset_seed
 from dgemma_struct.prompts import Prompt, check_seed, fresh_seed
-from dgemma_struct.repair import RepairSession, batch_guide
-from dgemma_struct.request import constraint_for, prepare, resolve_runtime
+from dgemma_struct.repair.session import RepairSession, batch_guide
+from dgemma_struct.repair.preparation import constraint_for, prepare, resolve_runtime
 from dgemma_struct.choice_scores import score_choices
 from dgemma_struct.results import CanvasEvent, ChoiceResult, GenerationResult
 from dgemma_struct.runtime import DiffusionRuntime
@@ -69,7 +69,7 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
     ``logprobs=k`` (0..20): ``result.logprobs`` holds one
     :class:`~dgemma_struct.results.TokenLogprob` per ``result.token_ids`` entry, with the ``k``
     most likely alternatives (needs ``return_details=True`` to be seen); see
-    :mod:`dgemma_struct.logprobs` for what a diffusion logprob is.
+    :mod:`dgemma_struct.engine.token_logprobs` for what a diffusion logprob is.
 
     Sampling: ``seed=0`` by default, so a call is deterministic (the same arguments give the same
     output); ``seed=None`` draws a fresh seed (``stats.seed`` records it). ``temperature=None``
@@ -153,7 +153,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                    options: GenerateOptions | None = None, **knobs: Any) -> list[Any]:
     """Constrained generation for many prompts in one batched canvas loop; each row has its own
     constraint (``specs`` is one spec for all rows or one per row). In diffusion mode the batch is
-    continuous (:mod:`dgemma_struct.continuous`): a row leaves it as soon as it finishes, and a
+    continuous (:mod:`dgemma_struct.scheduling.scheduler`): a row leaves it as soon as it finishes, and a
     row that fails validation is repaired by a new row joining the running batch (the AR fallback
     too, in an AR batch); in AR mode, or with ``logprobs``, rows are repaired one by one. Returns :class:`GenerationResult` objects (or, with
     ``return_exceptions=True``, the typed error in a failed row's place).
@@ -229,7 +229,7 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
 
 def _run_continuous(rt: DiffusionRuntime, sessions: list[RepairSession],
                     stops: list[Callable[[], bool] | None]) -> list[Any]:
-    """The sessions as rows of one continuous batch (:mod:`dgemma_struct.continuous`): a row leaves
+    """The sessions as rows of one continuous batch (:mod:`dgemma_struct.scheduling.scheduler`): a row leaves
     when it finishes, its repairs join the batch again. Returns each row's result or typed error;
     a row whose batched canvas failed is rerun alone (so only the row that breaks fails)."""
     def stop_of(sess: RepairSession, rs: Callable[[], bool] | None) -> Callable[[], bool]:

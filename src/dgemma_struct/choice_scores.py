@@ -59,9 +59,9 @@ import torch
 from dgemma_struct.constraints import Choice, Constraint
 from dgemma_struct.constraints.walker import bitmask_to_bool
 from dgemma_struct.errors import ChoiceError, InvalidRequestError
-from dgemma_struct.forward import encode, softcapped_logits
+from dgemma_struct.engine.forward import encode, softcapped_logits
 from dgemma_struct.prompts import Prompt
-from dgemma_struct.request import constraint_for, resolve_runtime
+from dgemma_struct.repair.preparation import constraint_for, resolve_runtime
 from dgemma_struct.runtime import DiffusionRuntime
 
 __all__ = ["ESTIMATORS", "ChoiceScores", "OptionPath", "option_paths", "noise_token", "stop_ids_of",

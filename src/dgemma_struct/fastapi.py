@@ -49,10 +49,10 @@ from pydantic import BaseModel, Field, create_model
 
 from dgemma_struct.constraints import Choice, Constraint, Grammar, Regex
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
-from dgemma_struct.request import isolated_constraint_for
+from dgemma_struct.repair.preparation import isolated_constraint_for
 from dgemma_struct.runtime import DiffusionRuntime
 from dgemma_struct.server.batcher import Batcher
-from dgemma_struct.server.errors import QueueFull, ShuttingDown, api_error_for
+from dgemma_struct.server.http_errors import QueueFull, ShuttingDown, api_error_for
 
 __all__ = ["StructuredGenerator", "structured_generator", "typed_route", "to_http_exception",
            "GenerationErrorResponse", "GenerationErrorDetail", "generation_error_responses",
@@ -119,7 +119,7 @@ class StructuredGenerator:
     defaults every call may override.
 
     ``isolate_compile`` (default True: specs in a web app come from users): each new spec is first
-    compiled in a worker process (:func:`dgemma_struct.request.isolated_constraint_for`), so a native
+    compiled in a worker process (:func:`dgemma_struct.repair.preparation.isolated_constraint_for`), so a native
     crash of the constraint engine is a 400, never the end of the app's process."""
 
     def __init__(self, runtime: DiffusionRuntime | None = None, *, max_new_tokens: int = 128, seed: int | None = 0,

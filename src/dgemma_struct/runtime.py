@@ -18,18 +18,18 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from dgemma_struct.autoregressive import autoregressive_loop
-from dgemma_struct.canvas import LoopOutput, diffusion_loop
+from dgemma_struct.engine.autoregressive import autoregressive_loop
+from dgemma_struct.engine.canvas import LoopOutput, diffusion_loop
 from dgemma_struct.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
-from dgemma_struct.hooks import StepHook
-from dgemma_struct.logprobs import MAX_TOP_LOGPROBS, FreeTextLogprobs, kept_entries, named
+from dgemma_struct.engine.hooks import StepHook
+from dgemma_struct.engine.token_logprobs import MAX_TOP_LOGPROBS, FreeTextLogprobs, kept_entries, named
 # the request checks live in ``prompts``; re-exported here as the runtime's face (api and the server
 # import them from here)
 from dgemma_struct.prompts import (MAX_SEED, MAX_TEMPERATURE, MODES, ChatPrompt, Prompt,  # noqa: F401
                                    chat_messages, check_max_new_tokens, check_prompt_ids, check_sampling,
                                    check_seed, fresh_seed)
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.engine.sampler import DiffusionSettings
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
@@ -240,7 +240,7 @@ class DiffusionRuntime:
         ``seed``: an int seeds torch's global RNG, as ``model.generate`` uses it (an unconstrained
         run then reproduces ``model.generate``); ``None`` draws from the global RNG as it stands.
         A list (one seed per row), or any run with a ``hook``, gives every row its own generator:
-        a row's output is then the same in any batch (see :func:`~dgemma_struct.canvas.diffusion_loop`)."""
+        a row's output is then the same in any batch (see :func:`~dgemma_struct.engine.canvas.diffusion_loop`)."""
         if not prompts:
             raise InvalidRequestError("no prompts given")
         return self.generate_ids([self.encode_prompt(p) for p in prompts], max_new_tokens=max_new_tokens,
@@ -266,7 +266,7 @@ class DiffusionRuntime:
                      on_draft=None, logprobs: int | None = None) -> list[GenerationResult]:
         """Like :meth:`generate_batch` on already-encoded prompts (token ids, template applied).
         ``logprobs=k`` (no ``hook``): each result's ``logprobs`` holds one entry per token (the last
-        denoising step's distribution at its position; :mod:`dgemma_struct.logprobs`); the run then
+        denoising step's distribution at its position; :mod:`dgemma_struct.engine.token_logprobs`); the run then
         has a recording hook, so every row draws from its own generator."""
         if mode not in MODES:
             raise InvalidRequestError(f"unknown mode {mode!r}; expected one of {MODES}")

@@ -16,7 +16,7 @@ from dgemma_struct.constraints import JsonValidator
 from dgemma_struct.errors import GenerationFailed
 from dgemma_struct.options import GenerateOptions
 from dgemma_struct.prompts import Prompt
-from dgemma_struct.request import prepare
+from dgemma_struct.repair.preparation import prepare
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
 from dgemma_struct.runtime import DiffusionRuntime
 

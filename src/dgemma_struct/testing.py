@@ -173,9 +173,9 @@ def tiny_runtime(*, seed: int = 0, vocab_size: int = 512, canvas_length: int = 1
     import torch
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    from dgemma_struct.model_config import PAD_ID, STOP_IDS, tiny_config
+    from dgemma_struct.engine.model_config import PAD_ID, STOP_IDS, tiny_config
     from dgemma_struct.runtime import DiffusionRuntime
-    from dgemma_struct.sampler import DiffusionSettings
+    from dgemma_struct.engine.sampler import DiffusionSettings
     from dgemma_struct.training.corpus import make_corpus
     from dgemma_struct.training.train import build_tokenizer
 

@@ -11,7 +11,7 @@ from dgemma_struct.choice_scores import (ChoiceScores, choice_probabilities, noi
                                          path_scores, score_choices, stop_ids_of)
 from dgemma_struct.constraints import Choice
 from dgemma_struct.errors import ChoiceError, InvalidRequestError
-from dgemma_struct.request import constraint_for
+from dgemma_struct.repair.preparation import constraint_for
 
 PROMPT = "Classify the sentiment as positive, negative or neutral.\nThe food was cold and the waiter was rude."
 LONG = "the quick brown fox jumps over the lazy dog near the river bank while it rains all day long"

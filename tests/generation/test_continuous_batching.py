@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from dgemma_struct import generate
-from dgemma_struct.canvas import CanvasBatch
-from dgemma_struct.continuous import BatchFailed, ContinuousScheduler, RowRequest
+from dgemma_struct.engine.canvas import CanvasBatch
+from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest
 from dgemma_struct.errors import GenerationTimeout
-from dgemma_struct.guide import ConstraintGuide
+from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.options import GenerateOptions
-from dgemma_struct.request import prepare
-from dgemma_struct.rows import RowState
+from dgemma_struct.repair.preparation import prepare
+from dgemma_struct.guide.rows import RowState
 
 NOTES = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string", "minLength": 12,
                                                                                "maxLength": 20},
@@ -174,7 +174,7 @@ def test_ar_rows_joining_a_running_batch_get_what_they_get_alone(embedded_runtim
 
 
 def test_auto_mode_runs_both_modes_and_every_output_is_valid(embedded_runtime):
-    from dgemma_struct.mode_choice import ModeChooser
+    from dgemma_struct.scheduling.mode_choice import ModeChooser
     from dgemma_struct.training.corpus import make_corpus
     from dgemma_struct.training.evaluate import HELD_OUT_SEED
 

@@ -13,9 +13,9 @@ from pydantic import BaseModel, field_validator
 
 from dgemma_struct import Regex, generate
 from dgemma_struct.errors import InvalidRequestError
-from dgemma_struct.guide import ConstraintGuide
+from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.options import GenerateOptions
-from dgemma_struct.request import constraint_for
+from dgemma_struct.repair.preparation import constraint_for
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"enum": ["alpha", "beta"]}},
           "required": ["n", "tag"], "additionalProperties": False}

@@ -1,6 +1,6 @@
 """The load-aware mode chooser: explores a load level it has not measured (diffusion first), then
 picks the mode with more finished rows per second at that level."""
-from dgemma_struct.mode_choice import ModeChooser
+from dgemma_struct.scheduling.mode_choice import ModeChooser
 
 
 def test_explores_then_picks_the_faster_mode_per_load_level():

@@ -128,7 +128,7 @@ class _EmptyAtFrontier:
 @pytest.mark.parametrize("mode", ["diffusion", "ar"])
 def test_an_empty_mask_is_a_dead_end_never_nan(tiny_runtime, mode):
     from dgemma_struct.api import constraint_for
-    from dgemma_struct.guide import ConstraintGuide
+    from dgemma_struct.guide.constraint_guide import ConstraintGuide
 
     w = _EmptyAtFrontier(constraint_for(SCHEMA, tiny_runtime).canvas_walker(), after=3)
     guide = ConstraintGuide([w], pad_token_id=0)

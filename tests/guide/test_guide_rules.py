@@ -4,9 +4,9 @@ import torch
 
 from dgemma_struct.constraints import Choice, Regex
 from dgemma_struct.errors import GenerationTimeout
-from dgemma_struct.guide import ConstraintGuide
-from dgemma_struct.hooks import StepView
-from dgemma_struct.request import constraint_for
+from dgemma_struct.guide.constraint_guide import ConstraintGuide
+from dgemma_struct.engine.hooks import StepView
+from dgemma_struct.repair.preparation import constraint_for
 
 L = 8
 

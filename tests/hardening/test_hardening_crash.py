@@ -60,8 +60,8 @@ def test_the_reproducer_is_typed_and_the_server_keeps_serving(real_server):
 
 
 def test_a_contained_crash_maps_to_a_precise_400():
-    from dgemma_struct.server.compile_pool import CompileCrashed
-    from dgemma_struct.server.errors import api_error_for
+    from dgemma_struct.constraints.compile_pool import CompileCrashed
+    from dgemma_struct.server.http_errors import api_error_for
 
     e = api_error_for(CompileCrashed("the constraint engine crashed (SIGSEGV)"), param="guided_json")
     assert (e.status, e.code, e.param) == (400, "constraint_engine_crash", "guided_json")

@@ -9,7 +9,7 @@ import ctypes
 import pytest
 
 import dgemma_struct as ds
-from dgemma_struct import request
+from dgemma_struct.repair import preparation as request
 from dgemma_struct.errors import ConstraintEngineError, SchemaError
 
 

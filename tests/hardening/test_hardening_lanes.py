@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from dgemma_struct.server.compile_pool import SMALL_SPEC_BYTES, CompileLanes, CompilePool, PoolBusy, spec_size
-from dgemma_struct.server.errors import api_error_for
+from dgemma_struct.constraints.compile_pool import SMALL_SPEC_BYTES, CompileLanes, CompilePool, PoolBusy, spec_size
+from dgemma_struct.server.http_errors import api_error_for
 
 BIG = {"enum": ["x" * 64] * (SMALL_SPEC_BYTES // 32)}
 SMALL = {"type": "object", "properties": {"a": {"type": "string"}}}

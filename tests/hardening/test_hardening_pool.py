@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dgemma_struct.errors import ConstraintCompileTimeout, SchemaError
-from dgemma_struct.server.compile_pool import CompileCrashed, CompilePool
+from dgemma_struct.constraints.compile_pool import CompileCrashed, CompilePool
 
 
 @pytest.fixture(scope="module")

@@ -139,7 +139,7 @@ def test_cluster_spread_autoscaling_and_replica_loss(rt, tmp_path, monkeypatch):
         bad = httpx.post(url + "/v1/chat/completions", timeout=60,
                          json={"messages": [{"role": "user", "content": "x"}], "guided_regex": "((", "max_tokens": 8})
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_regex"
-        from dgemma_struct.server.compile_pool import spec_key
+        from dgemma_struct.constraints.compile_pool import spec_key
         from dgemma_struct.server.protocol import ChatCompletionRequest, spec_of
 
         spec, _ = spec_of(ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], guided_regex="(("))

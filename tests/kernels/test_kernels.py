@@ -416,7 +416,7 @@ def _entropy_case(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk", [3000, 3000 * 7, 1 << 30])
 def test_chunked_entropy_is_bitwise_the_full_one(monkeypatch, dtype, chunk):
-    from dgemma_struct import sampler
+    from dgemma_struct.engine import sampler
 
     x = _entropy_case(dtype)
     full = sampler.step_entropy(x.clone())
@@ -430,7 +430,7 @@ def test_chunked_entropy_is_bitwise_the_full_one(monkeypatch, dtype, chunk):
 
 @needs_triton
 def test_fused_entropy_kernel_matches_the_torch_path():
-    from dgemma_struct import sampler
+    from dgemma_struct.engine import sampler
 
     x = _entropy_case(torch.float32)
     ref, ref_dead = sampler.entropy_at(x, [0, 2, 7])

@@ -3,9 +3,9 @@ import pytest
 
 from dgemma_struct.constraints import Regex
 from dgemma_struct.options import GenerateOptions
-from dgemma_struct.repair import (Accept, Attempt, Redo, RepairSession, char_to_token_index, error_char_offset,
+from dgemma_struct.repair.session import (Accept, Attempt, Redo, RepairSession, char_to_token_index, error_char_offset,
                                   junk_paths, min_length_tokens, value_offsets)
-from dgemma_struct.request import constraint_for
+from dgemma_struct.repair.preparation import constraint_for
 from dgemma_struct.results import GenerationStats
 
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from dgemma_struct.model_config import PAD_ID, STOP_IDS, tiny_config
+from dgemma_struct.engine.model_config import PAD_ID, STOP_IDS, tiny_config
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from dgemma_struct.canvas import diffusion_loop
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.engine.canvas import diffusion_loop
+from dgemma_struct.engine.sampler import DiffusionSettings
 
 
 def _settings(steps=8, bound=0.5, conf=0.5):
@@ -53,7 +53,7 @@ def test_adaptive_stop_fires(tiny_model):
 
 def test_eos_pads_rest_of_canvas_and_stops(tiny_model):
     """A hook that forces EOS at position 5 of the first canvas: the rest becomes pad, no 2nd canvas."""
-    from dgemma_struct.hooks import NullHook
+    from dgemma_struct.engine.hooks import NullHook
 
     class ForceEos(NullHook):
         def mask_logits(self, view):

@@ -1,9 +1,9 @@
 """The real checkpoint's shape where it matters: 5:1 sliding/full layers, canvas 256, vocab 262,144."""
 import torch
 
-from dgemma_struct.canvas import diffusion_loop
-from dgemma_struct.model_config import real_shape_config
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.engine.canvas import diffusion_loop
+from dgemma_struct.engine.model_config import real_shape_config
+from dgemma_struct.engine.sampler import DiffusionSettings
 
 
 def test_real_shape_denoises_one_canvas():

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from dgemma_struct import errors
-from dgemma_struct.autoregressive import autoregressive_loop
+from dgemma_struct.engine.autoregressive import autoregressive_loop
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.engine.sampler import DiffusionSettings
 from dgemma_struct.training.corpus import make_corpus
 from dgemma_struct.training.train import build_tokenizer
 

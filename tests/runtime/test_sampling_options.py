@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from dgemma_struct import errors
-from dgemma_struct.canvas import diffusion_loop
-from dgemma_struct.hooks import NullHook
+from dgemma_struct.engine.canvas import diffusion_loop
+from dgemma_struct.engine.hooks import NullHook
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.sampler import DiffusionSettings, sample_rows, token_entropy, top_p_filter
+from dgemma_struct.engine.sampler import DiffusionSettings, sample_rows, token_entropy, top_p_filter
 from dgemma_struct.training.corpus import make_corpus
 from dgemma_struct.training.train import build_tokenizer
 

@@ -1,6 +1,6 @@
 """Issue 22: a denoising step's host reads of tensors (each a host-device sync on a GPU) and its new
 canvas-sized buffers, outside the model's forward, do not grow with the batch. Counted on CPU by
-:mod:`dgemma_struct.profiling` at the real shape (vocab 262,144, canvas 256, random weights),
+:mod:`dgemma_struct.engine.profiling` at the real shape (vocab 262,144, canvas 256, random weights),
 constrained JSON, B=1 and B=8, two denoising steps (the B=8 case takes ~40 s on one core, nearly all of it
 the model)."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import dgemma_struct.canvas as canvas_mod
+import dgemma_struct.engine.canvas as canvas_mod
 from dgemma_struct.api import constraint_for
-from dgemma_struct.guide import ConstraintGuide
-from dgemma_struct.profiling import AllocationProbe, HostSyncProbe, model_section
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.guide.constraint_guide import ConstraintGuide
+from dgemma_struct.engine.profiling import AllocationProbe, HostSyncProbe, model_section
+from dgemma_struct.engine.sampler import DiffusionSettings
 
 SCHEMA = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 12},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 99}},

@@ -3,9 +3,9 @@ import pytest
 
 from dgemma_struct import Regex, generate
 from dgemma_struct.api import constraint_for
-from dgemma_struct.model_config import STOP_IDS, TURN_END_ID
+from dgemma_struct.engine.model_config import STOP_IDS, TURN_END_ID
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.engine.sampler import DiffusionSettings
 from dgemma_struct.training.corpus import make_corpus
 from dgemma_struct.training.train import build_tokenizer
 
@@ -31,7 +31,7 @@ def test_constraints_compiled_for_a_runtime_stop_on_every_eos_id(runtime):
 
 @pytest.mark.parametrize("mode", ["diffusion", "ar"])
 def test_whichever_stop_token_the_model_writes_is_stripped(runtime, monkeypatch, mode):
-    from dgemma_struct.guide import ConstraintGuide
+    from dgemma_struct.guide.constraint_guide import ConstraintGuide
 
     seen = []
     init, mask, mask_ar = ConstraintGuide.__init__, ConstraintGuide.mask_logits, ConstraintGuide.mask_ar_logits

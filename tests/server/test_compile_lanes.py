@@ -12,8 +12,8 @@ import pytest
 
 from dgemma_struct.server import ServerConfig
 from dgemma_struct.server.app import create_app
-from dgemma_struct.server.compile_pool import SMALL_SPEC_BYTES, spec_size
-from dgemma_struct.server.errors import APIError
+from dgemma_struct.constraints.compile_pool import SMALL_SPEC_BYTES, spec_size
+from dgemma_struct.server.http_errors import APIError
 from dgemma_struct.server.state import ServerState
 from dgemma_struct.testing import tiny_runtime
 

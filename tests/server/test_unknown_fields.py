@@ -9,7 +9,7 @@ import pytest
 
 from dgemma_struct.server import completions
 from dgemma_struct.server.completions import check_fields
-from dgemma_struct.server.errors import APIError
+from dgemma_struct.server.http_errors import APIError
 from dgemma_struct.server.protocol import ChatCompletionRequest, CompletionRequest, spec_of
 
 MSG = [{"role": "user", "content": "hi"}]

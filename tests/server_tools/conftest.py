@@ -34,7 +34,7 @@ def write_real_shape_checkpoint(out: Path, *, seed: int = 0, denoising_steps: in
     import torch
     from transformers import DiffusionGemmaForBlockDiffusion
 
-    from dgemma_struct.model_config import real_shape_config
+    from dgemma_struct.engine.model_config import real_shape_config
 
     torch.manual_seed(seed)
     model = DiffusionGemmaForBlockDiffusion(real_shape_config()).eval()

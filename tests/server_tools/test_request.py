@@ -3,7 +3,7 @@
 import pytest
 
 from dgemma_struct.errors import ConstraintError, PromptTooLongError
-from dgemma_struct.server.errors import api_error_for
+from dgemma_struct.server.http_errors import api_error_for
 from dgemma_struct.server.tool_calls import ToolRequestError, api_error, check_context, tool_request_of
 from dgemma_struct.tools import ToolCallError
 

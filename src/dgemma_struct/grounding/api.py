@@ -11,7 +11,7 @@ from dgemma_struct.errors import DgemmaStructError, GenerationFailed, InvalidReq
 from dgemma_struct.grounding.constraint import GroundedConstraint, compile_grounded
 from dgemma_struct.grounding.render import render_html
 from dgemma_struct.grounding.sources import GroundedSpan, grounded_sources, prompt_with_sources
-from dgemma_struct.request import resolve_runtime
+from dgemma_struct.repair.preparation import resolve_runtime
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .app import create_app
 from .batcher import Batcher
 from .config import ServerConfig, load_runtime
-from .errors import APIError, QueueFull, ShuttingDown, api_error_for
+from .http_errors import APIError, QueueFull, ShuttingDown, api_error_for
 from .state import ServerState
 
 __all__ = ["ServerConfig", "ServerState", "create_app", "load_runtime", "serve", "Batcher", "QueueFull",

@@ -26,7 +26,7 @@ from dgemma_struct.runtime import DiffusionRuntime
 from .completions import run as run_completion
 from .config import ServerConfig, load_runtime
 from .edge import Edge, install_log_context
-from .errors import APIError, api_error_for, error_body
+from .http_errors import APIError, api_error_for, error_body
 from .lifecycle import Lifecycle, warm_up
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, prompt_of_messages, spec_of

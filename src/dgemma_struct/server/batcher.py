@@ -2,11 +2,11 @@
 model. The event loop never runs model code (docs/server.md, "Concurrency and limits").
 
 * ``batching="continuous"`` (default): requests join a running diffusion batch between canvases
-  and leave it as soon as they finish (:class:`~dgemma_struct.continuous.ContinuousScheduler`);
+  and leave it as soon as they finish (:class:`~dgemma_struct.scheduling.scheduler.ContinuousScheduler`);
   streams are rows like the others (each committed canvas becomes an event); ``max_batch_size``
   caps the rows running at once; requests with ``logprobs`` run the static way;
   ``mode_choice="auto"``: each new batch runs diffusion or AR, whichever measured more finished
-  rows per second at the current load (:mod:`dgemma_struct.mode_choice`).
+  rows per second at the current load (:mod:`dgemma_struct.scheduling.mode_choice`).
 * ``batching="static"``: the first waiting request, plus whatever arrives within ``max_wait_ms``
   (up to ``max_batch_size`` rows), runs as one :func:`dgemma_struct.api.generate_batch` call.
 * ``max_queue``: a full queue is refused at once (:class:`QueueFull` -> HTTP 429).
@@ -36,12 +36,12 @@ import threading
 import time
 from typing import Any, AsyncIterator
 
-from dgemma_struct.continuous import BatchFailed, ContinuousScheduler
+from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.results import CanvasEvent, GenerationResult
 from dgemma_struct.runtime import DiffusionRuntime
 
-from .errors import QueueFull, ShuttingDown
+from .http_errors import QueueFull, ShuttingDown
 from .generation import constrained_rows, free_text_rows, group_seed, per_row_seeds, row_request, stream_events
 from .jobs import DONE, Job, collect, take, typed_error
 from .rowclock import RowClock, fill_stats

@@ -18,14 +18,14 @@ from dgemma_struct.constraints import Regex
 from dgemma_struct.errors import DgemmaStructError, LengthError
 from dgemma_struct.grounding import prompt_with_sources
 
-from .errors import APIError, api_error_for
+from .http_errors import APIError, api_error_for
 from .logprobs import chat_logprobs, completion_logprobs, cut_to
 from .protocol import (apply_stop, check_text, choice_estimator_of, estimated_prompt_tokens, logprobs_of, spec_of,
                        stops_of, thinking_of)
 from .responses import (ChatChoice, ChatCompletion, AssistantMessage, Completion, CompletionChoice, Usage,
                         json_response)
 from .state import ServerState
-from .streaming import stream_live, stream_validated
+from .sse import stream_live, stream_validated
 from .tool_calls import check_context, compile_for, completion_body, prepare_tokenizer, row_tokens, sse_events
 
 _log = logging.getLogger("dgemma_struct.server")

@@ -29,7 +29,7 @@ import uuid
 from typing import Any
 
 from .config import ServerConfig
-from .errors import error_body, safe_json_bytes
+from .http_errors import error_body, safe_json_bytes
 from .guard import Guard
 from .lifecycle import Lifecycle
 from .metrics import Metrics

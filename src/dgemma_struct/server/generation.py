@@ -12,10 +12,10 @@ import time
 from typing import Any, Iterator
 
 import dgemma_struct.api as api
-from dgemma_struct.continuous import RowRequest
+from dgemma_struct.scheduling.scheduler import RowRequest
 from dgemma_struct.errors import DgemmaStructError
 from dgemma_struct.options import GenerateOptions
-from dgemma_struct.request import prepare
+from dgemma_struct.repair.preparation import prepare
 from dgemma_struct.results import CanvasEvent
 from dgemma_struct.runtime import DiffusionRuntime
 from dgemma_struct.streaming import partial_json

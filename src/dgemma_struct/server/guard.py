@@ -9,7 +9,7 @@ import hmac
 from typing import Any
 
 from .config import ServerConfig
-from .errors import error_body, safe_json_bytes
+from .http_errors import error_body, safe_json_bytes
 
 
 class Guard:

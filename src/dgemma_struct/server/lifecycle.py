@@ -73,7 +73,7 @@ async def warm_up(state: Any, lifecycle: Lifecycle) -> None:
     is that every first-request cost has been paid."""
     from dgemma_struct.errors import DgemmaStructError
 
-    from .errors import APIError
+    from .http_errors import APIError
 
     t0 = time.perf_counter()
     try:

@@ -1,6 +1,6 @@
 """Token logprobs on the wire: OpenAI's chat ``choices[i].logprobs = {"content": [...]}`` and the
 legacy completions ``{tokens, token_logprobs, top_logprobs, text_offset}``, built from the SDK's
-:class:`~dgemma_struct.results.TokenLogprob` entries (what a logprob means: :mod:`dgemma_struct.logprobs`).
+:class:`~dgemma_struct.results.TokenLogprob` entries (what a logprob means: :mod:`dgemma_struct.engine.token_logprobs`).
 
 Example::
 

@@ -11,8 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dgemma_struct.constraints import Choice, Grammar, Regex
 from dgemma_struct.constraints.strict_objects import close_objects
+from dgemma_struct.engine.token_logprobs import MAX_TOP_LOGPROBS
 
-from .errors import APIError
+from .http_errors import APIError
 
 
 class _Open(BaseModel):
@@ -90,8 +91,6 @@ class CompletionRequest(_Common):
     echo: Optional[bool] = None
     logprobs: Optional[int] = None
 
-
-MAX_TOP_LOGPROBS = 20
 
 
 def choice_estimator_of(req: _Common, spec: Any, *, streaming_or_thinking: bool) -> str | None:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, Optional
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from .errors import safe_json_bytes
+from .http_errors import safe_json_bytes
 
 __all__ = ["Wire", "Usage", "FunctionCall", "ToolCallOut", "AssistantMessage", "ChatChoice", "ChatCompletion",
            "CompletionChoice", "Completion", "FunctionCallDelta", "ToolCallDelta", "ChatDelta", "ChatChunkChoice",

@@ -18,9 +18,9 @@ from dgemma_struct.grounding import compile_grounded, grounded_sources, groundin
 from dgemma_struct.runtime import DiffusionRuntime
 
 from .batcher import Batcher
-from .compile_pool import SMALL_SPEC_BYTES, CompilePool, PoolBusy, spec_key, spec_size
+from dgemma_struct.constraints.compile_pool import SMALL_SPEC_BYTES, CompilePool, PoolBusy, spec_key, spec_size
 from .config import ServerConfig
-from .errors import APIError, api_error_for
+from .http_errors import APIError, api_error_for
 from .metrics import Metrics
 from .verdicts import REMEMBERED_CODES, Verdicts
 from .tool_calls.request import prepare_tokenizer

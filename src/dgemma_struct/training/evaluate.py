@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema
 
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.sampler import DiffusionSettings
+from dgemma_struct.engine.sampler import DiffusionSettings
 from dgemma_struct.training.corpus import make_corpus
 
 HELD_OUT_SEED = 12345  # training used seed 0; the eval split is a different draw

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from dgemma_struct.model_config import (BOS_ID, PAD_ID, SPECIAL_TOKENS, STOP_IDS, TURN_END_ID, chat_template,
+from dgemma_struct.engine.model_config import (BOS_ID, PAD_ID, SPECIAL_TOKENS, STOP_IDS, TURN_END_ID, chat_template,
                                         embedded_config)
 from dgemma_struct.training.corpus import make_corpus
 from dgemma_struct.training.generalise import make_generalise_corpus

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from dgemma_struct.runtime import ChatPrompt
 
-from ..errors import ToolRequestError
+from ..http_errors import ToolRequestError
 from ..protocol import check_messages, lone_surrogate_at
 from .request import ToolRequest
 

@@ -11,7 +11,7 @@ from dgemma_struct.errors import PromptTooLongError
 from dgemma_struct.constraints import get_tokenizer_info
 from dgemma_struct.tools import TOOL_CHOICES, Tool, ToolCallError, compile_tool_calls, normalise_tools
 
-from ..errors import APIError, ToolRequestError, api_error_for
+from ..http_errors import APIError, ToolRequestError, api_error_for
 
 #: Request fields this module reads (the server's pydantic models keep them as extra fields).
 TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
@@ -236,5 +236,5 @@ def check_context(prompt_tokens: int, max_tokens: int, max_context: int, tool_re
 
 
 def api_error(err: ToolRequestError) -> APIError:
-    """The server's :class:`~dgemma_struct.server.errors.APIError` (HTTP 400) for a bad tool request."""
+    """The server's :class:`~dgemma_struct.server.http_errors.APIError` (HTTP 400) for a bad tool request."""
     return api_error_for(err)

@@ -8,7 +8,7 @@ happens inside is not counted.
 Example::
 
     >>> import torch
-    >>> from dgemma_struct.profiling import HostSyncProbe, model_section
+    >>> from dgemma_struct.engine.profiling import HostSyncProbe, model_section
     >>> x = torch.arange(4)
     >>> with HostSyncProbe() as probe:
     ...     _ = x.tolist(), bool(x[0]), x[x > 1]

@@ -1,4 +1,4 @@
-"""Turning a call into a :class:`~dgemma_struct.repair.RepairSession`: the runtime, the compiled
+"""Turning a call into a :class:`~dgemma_struct.repair.session.RepairSession`: the runtime, the compiled
 constraint (with a thought block when asked), the minimum-length and context checks, the seed
 and the deadline. Every error here is raised before any generation.
 
@@ -19,7 +19,7 @@ from dgemma_struct.constraints.thinking import with_thinking
 from dgemma_struct.errors import InvalidRequestError, LengthError
 from dgemma_struct.options import GenerateOptions, check_format, deadline_after
 from dgemma_struct.prompts import ChatPrompt, Prompt, fresh_seed
-from dgemma_struct.repair import RepairSession, min_length_tokens
+from dgemma_struct.repair.session import RepairSession, min_length_tokens
 from dgemma_struct.results import GenerationStats
 from dgemma_struct.runtime import DiffusionRuntime
 
@@ -59,14 +59,14 @@ ISOLATED_COMPILE_TIMEOUT_S = 30.0
 
 
 def _shared_pool() -> Any:
-    """The process's compile-worker pool (the server's :class:`~dgemma_struct.server.compile_pool.CompilePool`),
+    """The process's compile-worker pool (the server's :class:`~dgemma_struct.constraints.compile_pool.CompilePool`),
     started on first use and closed at exit."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             import atexit
 
-            from dgemma_struct.server.compile_pool import CompilePool
+            from dgemma_struct.constraints.compile_pool import CompilePool
             _POOL = CompilePool(size=1, small_lane=1)
             atexit.register(_POOL.close)
         return _POOL

@@ -10,7 +10,7 @@ forbidden tokens), where ``Categorical(logits=...).entropy()`` is still well def
 Example::
 
     >>> import torch
-    >>> from dgemma_struct.sampler import entropy_bound_accept
+    >>> from dgemma_struct.engine.sampler import entropy_bound_accept
     >>> logits = torch.tensor([[[9.0, 0.0], [0.0, 0.0], [0.0, 1.0]]])   # entropies 0.001, 0.693, 0.582
     >>> entropy_bound_accept(logits, entropy_bound=0.1).tolist()   # the highest accepted one is free
     [[True, False, True]]

@@ -6,7 +6,7 @@ helpers set all of that once.
 
 Example::
 
-    >>> from dgemma_struct.model_config import tiny_config
+    >>> from dgemma_struct.engine.model_config import tiny_config
     >>> cfg = tiny_config(vocab_size=512, canvas_length=16)
     >>> cfg.canvas_length
     16

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class RowState:
-    """One batch row under a :class:`~dgemma_struct.guide.ConstraintGuide`."""
+    """One batch row under a :class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide`."""
 
     walker: CanvasWalker | None          # None: an unconstrained row
     start: int = 0                       # walker tokens committed before this guide (a kept prefix)

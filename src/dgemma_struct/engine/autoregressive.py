@@ -7,11 +7,11 @@ from typing import Any, Sequence
 
 import torch
 
-from dgemma_struct.canvas import FinishedRow, LoopOutput
-from dgemma_struct.canvas_steps import cat_caches
-from dgemma_struct.forward import Clock, encode, softcapped_logits
-from dgemma_struct.hooks import NullHook, StepHook
-from dgemma_struct.sampler import sample_rows, top_p_filter
+from dgemma_struct.engine.canvas import FinishedRow, LoopOutput
+from dgemma_struct.engine.canvas_steps import cat_caches
+from dgemma_struct.engine.forward import Clock, encode, softcapped_logits
+from dgemma_struct.engine.hooks import NullHook, StepHook
+from dgemma_struct.engine.sampler import sample_rows, top_p_filter
 
 
 def _choose(logits: torch.Tensor, finished: torch.Tensor, *, temperature: float | None, top_p: float,
@@ -82,9 +82,9 @@ def autoregressive_loop(model, input_ids: torch.Tensor, attention_mask: torch.Te
 class ARBatch:
     """A running left-to-right batch on the same weights: rows join between tokens and leave the
     moment they write a stop token or reach their ``max_tokens`` (cache rows dropped), the AR
-    counterpart of :class:`~dgemma_struct.canvas.CanvasBatch`. A joining prompt is left-padded to
+    counterpart of :class:`~dgemma_struct.engine.canvas.CanvasBatch`. A joining prompt is left-padded to
     the batch's length and encoded into cache rows merged with the others. Joining a running batch
-    needs a hook with ``join`` and ``keep_rows`` (:class:`~dgemma_struct.guide.ConstraintGuide`).
+    needs a hook with ``join`` and ``keep_rows`` (:class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide`).
 
     Example::
 

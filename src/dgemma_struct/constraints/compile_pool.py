@@ -79,7 +79,7 @@ class _Worker:
 
     def __init__(self, memory_mb: int | None, start_timeout_s: float):
         parent, child = socket.socketpair()
-        code = (f"from dgemma_struct.server.compile_worker import worker_entry; "
+        code = (f"from dgemma_struct.constraints.compile_worker import worker_entry; "
                 f"worker_entry({child.fileno()}, {memory_mb!r})")
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child.fileno(),),

@@ -1,6 +1,6 @@
 """Where an output goes wrong: the character offset of the value at a JSON path, the token that
 holds a character, and the strings that hold structural junk. The repair policy
-(:mod:`dgemma_struct.repair`) renoises from there.
+(:mod:`dgemma_struct.repair.session`) renoises from there.
 
 Example::
 

@@ -25,7 +25,7 @@ import torch
 from dgemma_struct.constraints import closer_ids, closing_plan, plan_still_closes
 
 if TYPE_CHECKING:
-    from dgemma_struct.rows import RowState
+    from dgemma_struct.guide.rows import RowState
 
 CLOSING_MARGIN = 2      # tokens kept free beyond the plan (forced keys and brackets still fit)
 FAR_FROM_END = 96       # more tokens left than this: no plan is estimated

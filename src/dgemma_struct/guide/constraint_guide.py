@@ -1,6 +1,6 @@
 """``ConstraintGuide``: the step hook that makes a canvas obey a constraint.
 
-Per row it keeps a :class:`~dgemma_struct.rows.RowState` around a
+Per row it keeps a :class:`~dgemma_struct.guide.rows.RowState` around a
 :class:`~dgemma_struct.constraints.CanvasWalker` whose state is exact after the frozen prefix.
 At every denoising step:
 
@@ -15,7 +15,7 @@ At every denoising step:
 5. **Termination.** After EOS the rest of the canvas is pad; when a canvas stops with unfrozen
    positions, they are filled by a masked greedy walk over the last logits (no extra forward).
 6. **Budget.** A row never commits more than its token budget (stop token included); with
-   ``close_on_budget`` it follows a closing plan (:mod:`dgemma_struct.budget`) once the tokens
+   ``close_on_budget`` it follows a closing plan (:mod:`dgemma_struct.guide.budget`) once the tokens
    left approach the plan's length, so it ends in time instead of running out.
 
 When the run is over, :meth:`ConstraintGuide.outcome` tells what each row produced.
@@ -34,14 +34,14 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from dgemma_struct.budget import cap_run, free_room, steer_to_close
+from dgemma_struct.guide.budget import cap_run, free_room, steer_to_close
 from dgemma_struct.constraints import CanvasWalker
-from dgemma_struct.hooks import StepView
+from dgemma_struct.engine.hooks import StepView
 from dgemma_struct.kernels import BitmaskStaging, apply_token_bitmask_
-from dgemma_struct.logprobs import GuideLogprobs
-from dgemma_struct.lookahead import ARMasking, MaskLookahead
+from dgemma_struct.engine.token_logprobs import GuideLogprobs
+from dgemma_struct.guide.lookahead import ARMasking, MaskLookahead
 from dgemma_struct.options import check_deadline
-from dgemma_struct.rows import CanvasWrites, RowOutcome, RowState
+from dgemma_struct.guide.rows import CanvasWrites, RowOutcome, RowState
 
 __all__ = ["ConstraintGuide"]
 
@@ -56,7 +56,7 @@ class ConstraintGuide(ARMasking):
     at once so a batch is not held up by it. ``deadline``: a ``time.monotonic()`` value after
     which the run is abandoned with :class:`~dgemma_struct.errors.GenerationTimeout`.
     ``logprobs``: ``k`` records each committed token's logprob and its ``k`` top alternatives
-    (:mod:`dgemma_struct.logprobs`; ``ar_temperature``: the AR loop's temperature)."""
+    (:mod:`dgemma_struct.engine.token_logprobs`; ``ar_temperature``: the AR loop's temperature)."""
 
     def __init__(self, walkers: Sequence[CanvasWalker | None], *, pad_token_id: int, progress: bool = True,
                  force_tokens: bool = True, renoise_invalid: bool = False, stall_steps: int = 8,

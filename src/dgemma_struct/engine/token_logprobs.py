@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from dgemma_struct.hooks import NullHook, StepView
+from dgemma_struct.engine.hooks import NullHook, StepView
 from dgemma_struct.kernels import apply_token_bitmask_
 from dgemma_struct.results import TokenLogprob, TopLogprob
 
@@ -79,7 +79,7 @@ def forced_entry(token: int, top: int) -> TokenLogprob:
 
 
 class GuideLogprobs:
-    """The entries a :class:`~dgemma_struct.guide.ConstraintGuide` records per row, one per token it
+    """The entries a :class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide` records per row, one per token it
     commits (in commit order, stop token included). ``ar_temperature``: the AR loop's temperature
     (``None``/0: greedy; the distribution reported is then the masked logits at temperature 1)."""
 

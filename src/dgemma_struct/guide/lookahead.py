@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from dgemma_struct.budget import free_room, steer_to_close
+from dgemma_struct.guide.budget import free_room, steer_to_close
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.kernels import apply_token_bitmask_
 from dgemma_struct.options import check_deadline
@@ -63,7 +63,7 @@ class MaskLookahead:
 
 
 class ARMasking:
-    """The AR half of :class:`~dgemma_struct.guide.ConstraintGuide` (a mixin over its rows): one
+    """The AR half of :class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide` (a mixin over its rows): one
     mask row per sequence, computed ahead on the worker while the forward runs."""
 
     # ``mask_s`` counts only the time the loop itself spends (waiting for the look-ahead included).

@@ -20,7 +20,7 @@ from typing import Any
 import dgemma_struct.errors as E
 from dgemma_struct.tools import ToolCallError
 
-from .compile_pool import CompileCrashed, PoolBusy, PoolUnavailable
+from dgemma_struct.constraints.compile_pool import CompileCrashed, PoolBusy, PoolUnavailable
 
 __all__ = ["APIError", "QueueFull", "ShuttingDown", "ToolRequestError", "api_error_for", "error_body",
            "bounded", "default_code", "safe_json_bytes", "MAX_MESSAGE_CHARS", "ERROR_TABLE_MD"]

@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from dgemma_struct.errors import LengthError
 
-from .errors import APIError, api_error_for
+from .http_errors import APIError, api_error_for
 from .logprobs import chat_logprobs, completion_logprobs, delta_groups
 from .protocol import apply_stop
 from .responses import (ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChunk, CompletionChunkChoice,

@@ -1,4 +1,4 @@
-"""The steps of one canvas in the block-diffusion loop (:mod:`dgemma_struct.canvas`): 1.a encode
+"""The steps of one canvas in the block-diffusion loop (:mod:`dgemma_struct.engine.canvas`): 1.a encode
 what is committed, 1.b start a noise canvas, 1.c denoise (forward, mask, accept, sample, renoise,
 stop), 1.d commit, 1.e pad after a stop token, 1.f move on. :class:`Run` is a batch's state from
 canvas to canvas, :class:`Canvas` one canvas being denoised.
@@ -11,9 +11,9 @@ from typing import Sequence
 
 import torch
 
-from dgemma_struct.forward import Clock, encode
-from dgemma_struct.hooks import StepHook, StepView
-from dgemma_struct.sampler import (DiffusionSettings, StableAndConfident, entropy_at, entropy_bound_accept,
+from dgemma_struct.engine.forward import Clock, encode
+from dgemma_struct.engine.hooks import StepHook, StepView
+from dgemma_struct.engine.sampler import (DiffusionSettings, StableAndConfident, entropy_at, entropy_bound_accept,
                                    random_canvas, reset_dead, sample_at, sample_tokens, temperature, top_p_filter)
 
 __all__ = ["Run", "Canvas", "encode_committed", "start_canvas", "denoise_step", "commit_canvas", "pad_after_eos",

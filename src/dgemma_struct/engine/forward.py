@@ -8,7 +8,7 @@ from typing import Iterator
 
 import torch
 
-from dgemma_struct.profiling import model_section
+from dgemma_struct.engine.profiling import model_section
 
 
 class Clock:

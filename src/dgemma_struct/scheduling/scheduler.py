@@ -2,7 +2,7 @@
 moment they finish, so a batch is never held up by its slowest row and a new request never waits
 for a whole batch to end.
 
-A :class:`ContinuousScheduler` keeps running :class:`~dgemma_struct.canvas.CanvasBatch` objects
+A :class:`ContinuousScheduler` keeps running :class:`~dgemma_struct.engine.canvas.CanvasBatch` objects
 (one per sampling setting, plus older ones still draining) and, at every :meth:`~ContinuousScheduler.step`:
 
 1. **admits** waiting requests into the newest batch of their sampling setting when their prompt
@@ -10,13 +10,13 @@ A :class:`ContinuousScheduler` keeps running :class:`~dgemma_struct.canvas.Canva
    context); otherwise into a new batch, while the rows in all batches stay within ``max_rows``;
 2. runs **one canvas** of every batch (rows that stopped denoising are left out of the forward);
 3. **solves** the rows that left: validation, repair and AR fallback as
-   :func:`~dgemma_struct.api.generate` does (:meth:`~dgemma_struct.repair.RepairSession.attempts`).
+   :func:`~dgemma_struct.api.generate` does (:meth:`~dgemma_struct.repair.session.RepairSession.attempts`).
    A repair (and the AR fallback) is a new row from the kept prefix that joins at the next step,
    so repairs are batched too; a free-text row's tokens are capped at its ``max_new_tokens``.
 
-Rows run in diffusion (:class:`~dgemma_struct.canvas.CanvasBatch`) or AR
-(:class:`~dgemma_struct.autoregressive.ARBatch`, ``L`` tokens per step); ``mode="auto"`` lets a
-:class:`~dgemma_struct.mode_choice.ModeChooser` pick per new batch from measured throughput.
+Rows run in diffusion (:class:`~dgemma_struct.engine.canvas.CanvasBatch`) or AR
+(:class:`~dgemma_struct.engine.autoregressive.ARBatch`, ``L`` tokens per step); ``mode="auto"`` lets a
+:class:`~dgemma_struct.scheduling.mode_choice.ModeChooser` pick per new batch from measured throughput.
 
 Each row draws from its own generator seeded with its request's seed, so its first attempt is the
 same whatever shares its batch. A batch whose canvas fails as a whole hands its rows back as
@@ -38,16 +38,16 @@ from typing import TYPE_CHECKING, Any, Callable, Generator
 
 import torch
 
-from dgemma_struct.autoregressive import ARBatch
-from dgemma_struct.canvas import CanvasBatch, FinishedRow
+from dgemma_struct.engine.autoregressive import ARBatch
+from dgemma_struct.engine.canvas import CanvasBatch, FinishedRow
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.options import check_deadline
-from dgemma_struct.guide import ConstraintGuide
-from dgemma_struct.mode_choice import ModeChooser
-from dgemma_struct.rows import RowState
+from dgemma_struct.guide.constraint_guide import ConstraintGuide
+from dgemma_struct.scheduling.mode_choice import ModeChooser
+from dgemma_struct.guide.rows import RowState
 
 if TYPE_CHECKING:
-    from dgemma_struct.repair import RepairSession
+    from dgemma_struct.repair.session import RepairSession
     from dgemma_struct.runtime import DiffusionRuntime
 
 __all__ = ["RowRequest", "ContinuousScheduler", "BatchFailed"]
@@ -56,7 +56,7 @@ __all__ = ["RowRequest", "ContinuousScheduler", "BatchFailed"]
 @dataclass(eq=False)
 class RowRequest:
     """One request for a :class:`ContinuousScheduler`. ``session``: a prepared constrained request
-    (:func:`dgemma_struct.request.prepare`); ``None`` is free text. ``stop()`` True drops the row
+    (:func:`dgemma_struct.repair.preparation.prepare`); ``None`` is free text. ``stop()`` True drops the row
     (its caller went away or timed out: the result is a :class:`GenerationTimeout`).
     ``on_canvas(token_ids)`` sees the row's committed tokens after each canvas (stop tokens and
     padding removed, at most ``max_new_tokens``). ``tag``: anything the caller wants back."""

@@ -3,7 +3,7 @@ value, and when the repairs are spent, an AR fallback on the same weights.
 
 Each attempt gets a typed verdict (:class:`Accept` or :class:`Redo`); when no attempt is left the
 request ends with the least-junk valid value seen (:class:`LeastJunk`) or a :class:`GiveUp`
-carrying the typed error. Where to renoise comes from :mod:`dgemma_struct.locate`
+carrying the typed error. Where to renoise comes from :mod:`dgemma_struct.repair.locate`
 (``error_char_offset``, ``char_to_token_index``, ``junk_paths``; re-exported here).
 
 Example::
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence, Union
 
 from dgemma_struct.constraints import Constraint, ValidationIssue
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
-from dgemma_struct.guide import ConstraintGuide
-from dgemma_struct.logprobs import named
-from dgemma_struct.locate import char_to_token_index, error_char_offset, junk_paths, value_offsets
+from dgemma_struct.guide.constraint_guide import ConstraintGuide
+from dgemma_struct.engine.token_logprobs import named
+from dgemma_struct.repair.locate import char_to_token_index, error_char_offset, junk_paths, value_offsets
 from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
 from dgemma_struct.results import GenerationResult, GenerationStats
 

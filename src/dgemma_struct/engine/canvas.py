@@ -1,16 +1,16 @@
 """The block-diffusion loop: encode committed tokens into the KV cache, denoise a canvas, commit
 it, repeat. It reuses transformers' model forward, cache and mask builders and owns everything
-else, so the constraint layer can act at every step through a :class:`~dgemma_struct.hooks.StepHook`.
+else, so the constraint layer can act at every step through a :class:`~dgemma_struct.engine.hooks.StepHook`.
 
 With no hook it reproduces ``DiffusionGemmaForBlockDiffusion.generate`` exactly (same RNG draws in
 the same order), which ``tests/runtime/test_equivalence.py`` pins. The outer loop is numbered as
-transformers' is; each step is one helper in :mod:`dgemma_struct.canvas_steps`.
+transformers' is; each step is one helper in :mod:`dgemma_struct.engine.canvas_steps`.
 
 :class:`CanvasBatch` holds a running batch: rows **join** at canvas boundaries (their prompts
 encoded and their cache rows merged, left-padded to the batch's length) and **leave** as soon as
 they finish (their cache rows dropped); inside a canvas, rows whose denoising stopped are left out
 of the forward. :func:`diffusion_loop` is one such batch from start to end; the server's scheduler
-keeps batches running and admits requests into them (:mod:`dgemma_struct.continuous`).
+keeps batches running and admits requests into them (:mod:`dgemma_struct.scheduling.scheduler`).
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from dgemma_struct.canvas_steps import (Run, cat_caches, commit_canvas, denoise_step, encode_committed,
+from dgemma_struct.engine.canvas_steps import (Run, cat_caches, commit_canvas, denoise_step, encode_committed,
                                         next_canvas, pad_after_eos, start_canvas)
-from dgemma_struct.forward import Clock, encode
-from dgemma_struct.hooks import NullHook, StepHook
-from dgemma_struct.sampler import DiffusionSettings, StableAndConfident
+from dgemma_struct.engine.forward import Clock, encode
+from dgemma_struct.engine.hooks import NullHook, StepHook
+from dgemma_struct.engine.sampler import DiffusionSettings, StableAndConfident
 
 
 @dataclass
@@ -69,7 +69,7 @@ class CanvasBatch:
     Rows that join a running batch are left-padded to its length and their prompt is encoded into
     cache rows merged with the others (positions are shared: relative distances inside each row are
     what they would be alone). That needs a hook with ``join(rows, canvas_index)`` and
-    ``keep_rows(positions)`` (:class:`~dgemma_struct.guide.ConstraintGuide` has both) and
+    ``keep_rows(positions)`` (:class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide` has both) and
     per-row generators, so a row's output does not depend on who shares its batch.
 
     Example::

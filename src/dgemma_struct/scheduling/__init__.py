@@ -1,0 +1,18 @@
+"""Scheduling: rows of many requests sharing running batches (continuous batching), the mode
+chooser, and the loop that drives repair sessions to completion.
+
+- :mod:`~dgemma_struct.scheduling.scheduler` — :class:`ContinuousScheduler` (admit, one canvas, results);
+- :mod:`~dgemma_struct.scheduling.mode_choice` — diffusion or AR per request.
+
+Never imports the verbs, the server, grounding or tools; only the verbs and the server import it.
+
+Example::
+
+    >>> from dgemma_struct.scheduling import ContinuousScheduler
+    >>> ContinuousScheduler.__name__
+    'ContinuousScheduler'
+"""
+from dgemma_struct.scheduling.mode_choice import ModeChooser
+from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest
+
+__all__ = ["BatchFailed", "ContinuousScheduler", "ModeChooser", "RowRequest"]
