@@ -170,3 +170,35 @@ def test_no_duplicate_module_names_across_packages():
             seen.setdefault(path.stem, set()).add(name)
     repeated = {k: v for k, v in seen.items() if len(v) > 1}
     assert repeated == SHARED_LAYOUT
+
+
+def _kind_tests(tree: ast.AST) -> list[int]:
+    """Lines that test a constraint's kind: ``<c|constraint|….c>.kind`` in a comparison, or
+    ``ConstraintKind`` used at all."""
+    def is_constraint_kind(node: ast.AST) -> bool:
+        if not (isinstance(node, ast.Attribute) and node.attr == "kind"):
+            return False
+        owner = node.value
+        name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+        return name in ("c", "constraint", "inner")
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(map(is_constraint_kind, [node.left, *node.comparators])):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id == "ConstraintKind":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_kind_check_finds_one():
+    assert _kind_tests(ast.parse('j = session.c.kind == "json"')) == [1]
+    assert _kind_tests(ast.parse("j = c.partial_value(t)")) == []
+
+
+def test_only_constraints_switch_on_a_constraint_kind():
+    """Repair, streaming, the server and the verbs ask the constraint (``partial_value``,
+    ``error_offset``, ``junk_paths``, ``split_reasoning``) instead of testing its kind string."""
+    found = {name: lines for name, path in _modules().items()
+             if not name.startswith(_D + "constraints") and (lines := _kind_tests(ast.parse(path.read_text())))}
+    assert found == {}

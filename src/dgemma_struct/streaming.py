@@ -82,7 +82,7 @@ def stream(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None
     for ev in session.rt.stream(prompt_ids=session.prompt_ids, max_new_tokens=opts.max_new_tokens,
                                 seed=[session.seed], hook=guide, temperature=opts.temperature, top_p=opts.top_p):
         if not ev.done:
-            ev.value = partial_json(ev.text) if session.c.kind == "json" else ev.text
+            ev.value = session.c.partial_value(ev.text)
             ev.validated = False
             yield ev
         else:

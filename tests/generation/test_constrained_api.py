@@ -162,7 +162,7 @@ def test_partial_json_closes_open_structures():
 
 
 def test_junk_in_strings_is_detected():
-    from dgemma_struct.repair.session import junk_paths
+    from dgemma_struct.constraints.json_locate import junk_paths
 
     assert junk_paths({"a": "ok", "b": ['x"}', "fine"], "c": {"d": "} []"}}) == [("b", 0), ("c", "d")]
     assert junk_paths({"email": "a@b.com", "n": 3}) == []
@@ -194,7 +194,7 @@ def test_deadline_stops_a_running_loop(tiny_runtime, mode):
 
 
 def test_leaked_key_names_count_as_junk():
-    from dgemma_struct.repair.session import junk_paths
+    from dgemma_struct.constraints.json_locate import junk_paths
 
     schema = {"type": "object", "properties": {"job": {"type": "string"},
                                                "address": {"type": "object", "properties": {"city": {}}}}}
@@ -328,7 +328,7 @@ def test_ar_masks_are_computed_ahead_and_change_nothing(tiny_runtime, monkeypatc
 
 
 def test_junk_detection_avoids_false_positives_and_odd_keys():
-    from dgemma_struct.repair.session import junk_paths
+    from dgemma_struct.constraints.json_locate import junk_paths
 
     schema = {"type": "object", "title": "Meeting", "properties": {"day": {"type": "string"},
                                                                     "time": {"type": "string"}}}
@@ -342,7 +342,7 @@ def test_junk_detection_avoids_false_positives_and_odd_keys():
 def test_closing_never_writes_closers_as_string_content(tiny_runtime, mode):
     # Outside a string the plan opens a value with a bare quote, never `"]}` (which would leave
     # `]}` as the new string's content).
-    from dgemma_struct.repair.session import junk_paths
+    from dgemma_struct.constraints.json_locate import junk_paths
 
     schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"type": "string"}},
                                                "c": {"type": "string"}}, "required": ["a", "b", "c"]}

@@ -3,8 +3,8 @@ import pytest
 
 from dgemma_struct.constraints import Regex
 from dgemma_struct.options import GenerateOptions
-from dgemma_struct.repair.session import (Accept, Attempt, Redo, RepairSession, char_to_token_index, error_char_offset,
-                                  junk_paths, min_length_tokens, value_offsets)
+from dgemma_struct.constraints.json_locate import char_to_token_index, error_char_offset, junk_paths, value_offsets
+from dgemma_struct.repair.session import Accept, Attempt, Redo, RepairSession, min_length_tokens
 from dgemma_struct.repair.preparation import constraint_for
 from dgemma_struct.results import GenerationStats
 

@@ -23,6 +23,7 @@ import llguidance as llg
 
 from dgemma_struct.errors import ChoiceError, ConstraintCompileTimeout, GrammarError, RegexError, SchemaError
 
+from .json_locate import error_char_offset, junk_paths
 from .json_schema import iter_issues, make_validator
 from .safety import clip, engine_guard, is_limit_error, parser_limits
 from .tokenizer import TokenizerInfo
@@ -279,3 +280,25 @@ class Constraint:
         if not self.validator.semantic:
             return self.grammar_accepts(text)
         return self.grammar_accepts(text) and self.validate_text(text).ok
+
+    # -- what the repair policy and streams ask -------------------------------------------------
+    # (the one place that switches on the kind: callers ask these instead of testing ``kind``)
+    def split_reasoning(self, text: str) -> tuple[str | None, str]:
+        """``(thought, answer)`` of decoded text; without a thought channel ``(None, text)``."""
+        return None, text
+
+    def partial_value(self, text: str) -> Any:
+        """What a stream shows for unfinished output: the partial value of JSON (open strings, arrays
+        and objects closed; ``None`` when nothing parses), the text itself for the other kinds."""
+        return JsonValidator.partial(text) if self.kind is ConstraintKind.JSON else text
+
+    def error_offset(self, answer: str, issues: Sequence[ValidationIssue]) -> int:
+        """The character of ``answer`` where the earliest offending value starts (renoising restarts
+        there); 0 where the kind has no values to point at (regex, grammar, choice)."""
+        if self.kind is not ConstraintKind.JSON:
+            return 0
+        return error_char_offset(answer, [i.path for i in issues])
+
+    def junk_paths(self, value: Any) -> list[tuple]:
+        """Paths of strings in a valid ``value`` that hold structural junk (JSON only; else none)."""
+        return junk_paths(value, schema=self.schema) if self.kind is ConstraintKind.JSON else []

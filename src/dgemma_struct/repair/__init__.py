@@ -1,6 +1,6 @@
 """One constrained request from call to value: prepared into a
 :class:`~dgemma_struct.repair.session.RepairSession` (:mod:`~dgemma_struct.repair.preparation`), then run,
-validated and renoised from where it goes wrong (:mod:`~dgemma_struct.repair.locate`), with an AR
+validated and renoised from where it goes wrong (:mod:`~dgemma_struct.constraints.json_locate`), with an AR
 fallback when repairs are spent.
 
 Never imports ``scheduling``, the verbs or the server (the isolated-compile pool is looked up

@@ -3,8 +3,8 @@ value, and when the repairs are spent, an AR fallback on the same weights.
 
 Each attempt gets a typed verdict (:class:`Accept` or :class:`Redo`); when no attempt is left the
 request ends with the least-junk valid value seen (:class:`LeastJunk`) or a :class:`GiveUp`
-carrying the typed error. Where to renoise comes from :mod:`dgemma_struct.repair.locate`
-(``error_char_offset``, ``char_to_token_index``, ``junk_paths``; re-exported here).
+carrying the typed error. Where to renoise comes from the constraint (:meth:`Constraint.error_offset`,
+:meth:`Constraint.junk_paths`) and :func:`~dgemma_struct.constraints.json_locate.char_to_token_index`.
 
 Example::
 
@@ -21,7 +21,7 @@ from dgemma_struct.constraints import Constraint, ValidationIssue
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.engine.token_logprobs import named
-from dgemma_struct.repair.locate import char_to_token_index, error_char_offset, junk_paths, value_offsets
+from dgemma_struct.constraints.json_locate import char_to_token_index
 from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
 from dgemma_struct.results import GenerationResult, GenerationStats
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from dgemma_struct.runtime import DiffusionRuntime
 
 __all__ = ["Attempt", "Accept", "Redo", "GiveUp", "Verdict", "LeastJunk", "RepairSession", "batch_guide", "min_length_tokens",
-           "split_reasoning", "junk_paths", "value_offsets", "error_char_offset", "char_to_token_index"]
+           "split_reasoning"]
 
 FORCED_PREFIX_SCAN = 4096   # tokens of a constraint's forced prefix looked at for its minimum length
 ATTEMPT_SEED_STRIDE = 1000  # attempt k draws from seed + k * stride
@@ -78,8 +78,7 @@ class LeastJunk:
 
 def split_reasoning(constraint: Constraint, text: str) -> tuple[str | None, str]:
     """``(thought, answer)`` of decoded text under ``constraint`` (no thought: ``(None, text)``)."""
-    split = getattr(constraint, "split_reasoning", None)
-    return split(text) if split is not None else (None, text)
+    return constraint.split_reasoning(text)
 
 
 def min_length_tokens(constraint: Constraint) -> int:
@@ -226,7 +225,7 @@ class RepairSession:
             self.errors.extend(reasons)
             return Redo(self._prefix_before(a.tokens, outcome.errors), reasons)
         value = outcome.value.model_dump(mode="json") if hasattr(outcome.value, "model_dump") else outcome.value
-        junk = junk_paths(value, schema=self.c.schema) if self.opts.repair_junk and self.c.kind == "json" else []
+        junk = self.c.junk_paths(value) if self.opts.repair_junk else []
         best = self.least_junk
         if best is None or len(junk) < best.junk:
             self.least_junk = best = LeastJunk(len(junk), a, outcome)
@@ -244,7 +243,7 @@ class RepairSession:
         text = self.text_of(tokens)
         _, answer = split_reasoning(self.c, text)
         skip = len(text) - len(answer)  # a thought block before the answer is kept as it is
-        offset = skip + (error_char_offset(answer, [i.path for i in issues]) if self.c.kind == "json" else 0)
+        offset = skip + self.c.error_offset(answer, issues)
         pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
         return tokens[:char_to_token_index(pieces, offset)]
 

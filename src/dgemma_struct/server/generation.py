@@ -18,7 +18,6 @@ from dgemma_struct.options import GenerateOptions
 from dgemma_struct.repair.preparation import prepare
 from dgemma_struct.results import CanvasEvent
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.streaming import partial_json
 
 from .jobs import Job
 
@@ -171,10 +170,9 @@ def row_request(rt: DiffusionRuntime, job: Job, max_repairs: int, *, mode: str =
 def _canvas_events(rt: DiffusionRuntime, job: Job, session: Any):
     """Each committed canvas as an unvalidated event (a JSON stream carries the partial value)."""
     counter = iter(range(1 << 30))
-    json_kind = session is not None and session.c.kind == "json"
 
     def on_canvas(token_ids: list[int]) -> None:
         text = rt.decode(token_ids)
-        value = partial_json(text) if json_kind else (text if session is not None else None)
+        value = session.c.partial_value(text) if session is not None else None
         job.push(CanvasEvent(row=0, canvas_index=next(counter), token_ids=token_ids, text=text, value=value))
     return on_canvas
