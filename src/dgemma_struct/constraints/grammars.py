@@ -21,7 +21,7 @@ from .safety import MAX_SPEC_BYTES, clip, engine_guard, is_limit_error, parser_l
 from .specs import Choice, Grammar
 from .tokenizer import TokenizerInfo
 
-__all__ = ["builtin_grammars", "compile_regex", "compile_grammar", "compile_choice"]
+__all__ = ["builtin_grammars", "compile_regex", "compile_grammar", "compile_choice", "llg_only_syntax"]
 
 _GRAMMAR_DIR = Path(__file__).resolve().parents[3] / "grammars"
 
@@ -171,6 +171,43 @@ def _regroup_stacked_quantifiers(lark: str) -> str:
 
 
 _LLG_DIALECT = re.compile(r'%json|%llguidance|%regex|%lark|<\[|<[A-Za-z_|]+>|max_tokens|""|\[lazy|stop\s*=')
+_NEGATION = "~ (negation)"
+_REPEAT = re.compile(r"\{\s*\d+\s*(,\s*\d*\s*)?\}")
+
+
+def llg_only_syntax(text: str) -> list[str]:
+    """The llguidance-only Lark constructs ``text`` uses outside its literals and comments: ``&``
+    (intersection), ``~`` (negation; Lark's own ``x ~ 2..3`` repeat is not one), ``{m,n}`` (a bounded
+    repeat of a rule or a terminal), plus the directives and attributes :data:`_LLG_DIALECT` finds.
+
+    >>> llg_only_syntax('start: A\nA: /[a-z]+/ & ~"ab" // & in a comment\nB: "&{1,2}"{2,3}')
+    ['& (intersection)', '~ (negation)', '{m,n} (bounded repeat)']
+    """
+    found: dict[str, None] = {}
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if text.startswith("//", i):  # a comment, to the end of the line
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if ch in "\"/":  # a string or regex literal, to its end
+            j = i + 1
+            while j < n and text[j] != ch and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1
+            continue
+        if ch == "&":
+            found["& (intersection)"] = None
+        elif ch == "~" and not re.match(r"~\s*\d", text[i:i + 40]):
+            found[_NEGATION] = None
+        elif ch == "{" and _REPEAT.match(text, i):
+            found["{m,n} (bounded repeat)"] = None
+        i += 1
+    m = _LLG_DIALECT.search(text)
+    if m:
+        found[m.group(0)] = None
+    return list(found)
 
 
 def compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
@@ -223,13 +260,19 @@ def compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
         g = llg.LLMatcher.grammar_from_lark(lltext)
         m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
         err = m.get_error() if m.is_error() else ""
-    if lark_err is not None and (err or not _LLG_DIALECT.search(text)):
+    dialect = llg_only_syntax(text) if lark_err is not None else []
+    if lark_err is not None and not dialect:
         # stock lark rejects it and it uses no llguidance-only syntax: report lark's line/column
         raise GrammarError(f"invalid Lark grammar: {_lark_error(lark_err)}")
+    if _NEGATION in dialect:  # llguidance 1.9.1: ~/a+/ then accepts "aa" + EOS (the EOS token's bytes match)
+        raise GrammarError(f"Lark grammar using llguidance-only syntax ({_NEGATION}) not supported: a negated "
+                           f"terminal also matches the end-of-text token, so its output could not be checked")
     if err:
         if is_limit_error(err):
             raise ConstraintCompileTimeout(f"grammar exceeds the compile limits: {clip(err)}")
         what = "GBNF grammar (converted to Lark)" if gbnf else "Lark grammar"
+        if dialect:  # name the construct: stock lark has no word for it, llguidance refused this use
+            what += f" using llguidance-only syntax ({', '.join(dialect)})"
         raise GrammarError(f"{what} not supported by the constrained decoder: {clip(err.strip())}")
     # lark_err but llguidance accepted: llguidance dialect (e.g. %json, <[id]>, lazy "" terminals)
     may_specials = "<" in text
