@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import re
 from typing import Any, Iterator
-from urllib.parse import unquote
+from urllib.parse import unquote, urljoin
 
 import jsonschema
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 
 from dgemma_struct.errors import SchemaError, UnsupportedKeywordError
 
@@ -161,18 +164,64 @@ def _collect_refs(schema: Any, path: tuple, out: list) -> None:
                 _collect_refs(v, path + (i,), out)
 
 
+def _refs_with_bases(schema: Any, spec: Any, base: str) -> list[tuple[tuple, str, str]]:
+    """Every ``$ref`` / ``$dynamicRef`` with its path and the base URI it is resolved against: the
+    nearest enclosing ``$id`` (each resolved against its parent's base, as 2020-12 says)."""
+    out: list[tuple[tuple, str, str]] = []
+    stack: list[tuple[Any, tuple, str]] = [(schema, (), base)]
+    while stack:
+        node, path, b = stack.pop()
+        if isinstance(node, dict):
+            try:
+                nid = spec.id_of(node)
+            except Exception:  # noqa: BLE001 - an "$id" that is not a string: no new base
+                nid = None
+            b = urljoin(b, nid) if isinstance(nid, str) else b
+            for k, v in node.items():
+                if k in ("$ref", "$dynamicRef") and isinstance(v, str):
+                    out.append((path + (k,), v, b))
+                elif isinstance(v, (dict, list)) and k not in ("enum", "const", "default", "examples"):
+                    stack.append((v, path + (k,), b))
+        else:
+            stack.extend((v, path + (i,), b) for i, v in enumerate(node) if isinstance(v, (dict, list)))
+    out.reverse()
+    return out
+
+
 def _check_refs(schema: Any, subs: list | None = None) -> None:
+    """Every reference resolves inside the document, the way the 2020-12 spec (and the validator, through
+    ``referencing``) resolves it: against the base URI of the nearest ``$id``; a reference to another
+    document is a remote ``$ref`` (:class:`UnsupportedKeywordError`), a missing target is dangling."""
     subs = subs if subs is not None else list(iter_subschemas(schema))
-    ids = {s.get("$id") for _, s in subs if isinstance(s.get("$id"), str)}
-    for path, ref in _all_refs(schema):
-        if ref.startswith("#"):
+    embedded = any(isinstance(s.get("$id"), str) or isinstance(s.get("id"), str) for p, s in subs if p)
+    refs = _all_refs(schema)
+    if not embedded and all(r.startswith("#") for _, r in refs):  # one resource: JSON pointers / anchors
+        for path, ref in refs:
             if not _resolve_pointer(schema, ref, subs):
                 raise SchemaError(f"dangling $ref {ref!r} at {fmt_path(path)}", keywords=["$ref"])
-        else:
-            base = ref.split("#", 1)[0]
-            if not any(i and (i == base or i.rstrip("/").endswith(base.lstrip("./"))) for i in ids):
-                raise UnsupportedKeywordError(
-                    f"remote $ref {ref!r} at {fmt_path(path)} cannot be resolved offline", keywords=["$ref"])
+        return
+    spec = referencing.jsonschema.specification_with(
+        schema.get("$schema", ""), default=referencing.jsonschema.DRAFT202012)
+    root = spec.create_resource(schema)
+    root_id = root.id() if isinstance(root.id(), str) else ""
+    registry = referencing.Registry().with_resource(root_id, root).crawl()
+    for path, ref, base in _refs_with_bases(schema, spec, root_id):
+        try:
+            registry.resolver(base_uri=base).lookup(ref)
+            continue
+        except referencing.exceptions.Unresolvable:
+            pass
+        except Exception:  # noqa: BLE001 - a malformed URI: let the pointer check below decide
+            pass
+        uri, _, frag = urljoin(base, ref).partition("#")
+        try:
+            registry.contents(uri)
+        except Exception:  # noqa: BLE001 - NoSuchResource: another document
+            raise UnsupportedKeywordError(
+                f"remote $ref {ref!r} at {fmt_path(path)} cannot be resolved offline", keywords=["$ref"]) from None
+        if path[-1] == "$dynamicRef" and frag and not frag.startswith("/") and _resolve_pointer(schema, "#" + frag, subs):
+            continue  # a dynamic anchor of the dynamic scope (another resource of this document)
+        raise SchemaError(f"dangling $ref {ref!r} at {fmt_path(path)}", keywords=["$ref"])
 
 
 def is_number(x: Any) -> bool:
