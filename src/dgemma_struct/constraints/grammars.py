@@ -176,7 +176,7 @@ _REPEAT = re.compile(r"\{\s*\d+\s*(,\s*\d*\s*)?\}")
 
 
 def llg_only_syntax(text: str) -> list[str]:
-    """The llguidance-only Lark constructs ``text`` uses outside its literals and comments: ``&``
+    r"""The llguidance-only Lark constructs ``text`` uses outside its literals and comments: ``&``
     (intersection), ``~`` (negation; Lark's own ``x ~ 2..3`` repeat is not one), ``{m,n}`` (a bounded
     repeat of a rule or a terminal), plus the directives and attributes :data:`_LLG_DIALECT` finds.
 
