@@ -23,6 +23,7 @@ from .constraint import Constraint, ConstraintKind, JsonValidator
 from .grammars import compile_choice, compile_grammar, compile_regex
 from .json_schema import JsonPlan, json_options, make_validator, prepare_json_schema
 from .safety import check_schema_input, clip, parser_limits
+from .schema_checks import with_spec_formats
 from .specs import Choice, Grammar, JsonSchema, Regex
 from .strict_objects import close_objects
 from .tokenizer import TokenizerInfo, get_tokenizer_info
@@ -100,7 +101,8 @@ def _compile_json(schema: Any, info: TokenizerInfo, *, strict: bool, whitespace:
                                          separators=separators, limits=parser_limits(), checked=checked)
     return Constraint(ConstraintKind.JSON, plan.grammar, info, schema=plan.schema,
                       semantic_keywords=plan.semantic_keywords,
-                      validator=JsonValidator(make_validator(plan.schema), adapter), description=desc,
+                      validator=JsonValidator(with_spec_formats(make_validator(plan.schema)), adapter),
+                      description=desc,
                       template=plan.matcher)
 
 

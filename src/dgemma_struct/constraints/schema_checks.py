@@ -23,7 +23,8 @@ from dgemma_struct.errors import SchemaError, UnsupportedKeywordError
 
 from .safety import check_ref_cycles, clip, engine_guard
 
-__all__ = ["check_schema", "iter_subschemas", "fmt_path", "is_number", "jsonschema_rs"]
+__all__ = ["check_schema", "iter_subschemas", "fmt_path", "is_number", "jsonschema_rs", "SPEC_FORMATS",
+           "format_checks", "with_spec_formats"]
 
 _SUBSCHEMA_DICT_KWS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LIST_KWS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -77,6 +78,57 @@ try:  # the fast metaschema check and the RFC-following email checks (jsonschema
     import jsonschema_rs
 except ImportError:  # pragma: no cover - optional: fall back to jsonschema's own
     jsonschema_rs = None
+
+
+#: the formats jsonschema-rs asserts; its checks pass every official JSON-Schema-Test-Suite
+#: ``optional/format`` test (draft2020-12, jsonschema-rs 0.60), where python-jsonschema's format-nongpl
+#: checkers accept 55 invalid strings (A-label hostnames, uri-template, ...) and refuse 23 valid ones
+#: (leap seconds, IRIs, ...)
+SPEC_FORMATS = ("date", "date-time", "duration", "email", "hostname", "idn-email", "idn-hostname", "ipv4", "ipv6",
+                "iri", "iri-reference", "json-pointer", "regex", "relative-json-pointer", "time", "uri",
+                "uri-reference", "uri-template", "uuid")
+_FORMAT_CHECKS: dict[str, tuple[Any, tuple]] = {}
+_SPEC_CHECKERS: dict[int, tuple[Any, Any]] = {}
+
+
+def _rs_format(name: str) -> Any:
+    v = jsonschema_rs.validator_for({"format": name}, validate_formats=True)
+
+    def check(instance: Any) -> bool:
+        try:
+            return bool(v.is_valid(instance))
+        except Exception:  # noqa: BLE001 - a check that cannot answer does not pass
+            return False
+    check.__name__ = f"is_{name.replace('-', '_')}"
+    return check
+
+
+def format_checks() -> dict[str, tuple[Any, tuple]]:
+    """``FormatChecker.checkers`` entries (``name -> (check, raises)``) for :data:`SPEC_FORMATS`, each
+    jsonschema-rs' check; empty without jsonschema-rs (python-jsonschema's own checkers stay)."""
+    if jsonschema_rs is not None and not _FORMAT_CHECKS:
+        _FORMAT_CHECKS.update({name: (_rs_format(name), ()) for name in SPEC_FORMATS})
+    return _FORMAT_CHECKS
+
+
+def with_spec_formats(validator: Any) -> Any:
+    """``validator`` (a python-jsonschema validator) with :func:`format_checks` in place of its own
+    checks for those formats; its other format checks (and the assertion itself) are kept.
+
+    >>> v = with_spec_formats(jsonschema.Draft202012Validator({"format": "time"}, format_checker=jsonschema.FormatChecker()))
+    >>> v.is_valid("23:59:60Z"), v.is_valid("24:00:00Z")
+    (True, False)
+    """
+    fc = getattr(validator, "format_checker", None)
+    checks = format_checks()
+    if fc is None or not checks:
+        return validator
+    hit = _SPEC_CHECKERS.get(id(fc))
+    if hit is None or hit[0] is not fc:
+        spec = jsonschema.FormatChecker(formats=())
+        spec.checkers = {**fc.checkers, **checks}
+        hit = _SPEC_CHECKERS[id(fc)] = (fc, spec)  # fc kept alive: its id is not reused
+    return validator.evolve(format_checker=hit[1])
 
 
 def _rs_meta_valid(schema: Any) -> bool:

@@ -12,6 +12,7 @@ import llguidance as llg
 
 from dgemma_struct.constraints import Constraint, ValidationIssue, ValidationOutcome, get_tokenizer_info
 from dgemma_struct.constraints.json_schema import iter_issues, make_validator
+from dgemma_struct.constraints.schema_checks import with_spec_formats
 from dgemma_struct.constraints.strict_objects import close_objects
 from dgemma_struct.errors import InvalidRequestError, SchemaError
 from dgemma_struct.results import GenerationStats
@@ -62,7 +63,8 @@ class ToolCallConstraint(Constraint):
         self.tools = {t.name: t for t in tools}
         self.tool_choice = choice
         # tool arguments are strict objects (the grammar writes declared keys only; validation agrees)
-        self._validators = {t.name: make_validator(close_objects(dict(t.parameters))) for t in tools}
+        self._validators = {t.name: with_spec_formats(make_validator(close_objects(dict(t.parameters))))
+                            for t in tools}
 
     def check_calls(self, text: str) -> tuple[list[ToolCall], str | None, list[ValidationIssue]]:
         if not text.startswith(MARKER_TOKENS["call_open"]):
