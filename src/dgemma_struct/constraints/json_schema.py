@@ -24,7 +24,8 @@ from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
-from .literals import decimal_step_copy, drop_extreme_bounds, has_wide_number, is_ecma_regex
+from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
+                       has_wide_number, is_ecma_regex)
 from .safety import check_schema_input, clip, engine_guard, is_limit_error
 from .schema_checks import check_schema, is_number, iter_subschemas
 from .schema_checks import jsonschema_rs as _rs
@@ -162,20 +163,21 @@ EMAIL_GRAMMAR_PATTERN = (rf"^{_EMAIL_ATEXT}{{1,32}}(?:\.{_EMAIL_ATEXT}{{1,15}}){
 _EXTREME = re.compile(r"\d{19}|e[-+]")  # text that may hold an extreme bound (see literals.drop_extreme_bounds)
 
 
-def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True, text: str | None = None) -> Any:
+def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True, text: str | None = None,
+                  marks: list | None = None) -> Any:
     """Draft-4/6/7 spellings llguidance does not read, rewritten for the grammar copy only; keywords
     llguidance compiles wrongly are removed (named in ``dropped``, enforced by validation). ``text``:
-    ``schema`` as JSON text, when at hand."""
+    ``schema`` as JSON text, when at hand; ``marks``: the wide ``const`` / ``enum`` removed."""
     # a JSON value (checked): ~4x faster than copy.deepcopy
     g = json.loads(text if text is not None else json.dumps(schema))
     extreme = text is None or _EXTREME.search(text) is not None
     tuples = False
-    for _, s in iter_subschemas(g):
+    for path, s in iter_subschemas(g):
         if extreme:
             drop_extreme_bounds(s, dropped)
         if _REWRITTEN.isdisjoint(s):  # most subschemas: nothing here to rewrite
             if wide:
-                _drop_wide_ints(s, dropped, wide != "ints")
+                drop_wide_literals(s, dropped, wide != "ints", path, marks)
             continue
         if s.get("format") in ("email", "idn-email") and "pattern" not in s:
             s.pop("format")  # still validated (format assertion)
@@ -205,40 +207,13 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
         if isinstance(mo, float) and not mo.is_integer():
             decimal_step_copy(s, dropped)  # llguidance compiles a decimal step next to bounds wrongly
         if wide:
-            _drop_wide_ints(s, dropped, wide != "ints")
+            drop_wide_literals(s, dropped, wide != "ints", path, marks)
     if isinstance(g, dict) and isinstance(g.get("$schema"), str) and "2020-12" not in g["$schema"] \
             and tuples:
         # the copy now spells tuples the 2020-12 way: under a draft-07 "$schema" llguidance read the
         # rewritten ``items: false`` as "no item at all" and refused valid tuples
         g["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return g
-
-
-_TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
-            type(None): "null"}
-_STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "allOf", "anyOf",
-               "oneOf", "prefixItems", "items", "additionalProperties", "additionalItems", "contains", "not", "if",
-               "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
-
-
-def _drop_wide_ints(s: dict, dropped: list[str] | None, float_values: bool = True) -> None:
-    """Keep numbers llguidance cannot take (:func:`~.literals.is_wide_number`) out of the grammar copy:
-    the keyword holding one is removed (``const``/``enum`` leave their values' types behind), so the
-    grammar is a superset and validation, exact for Python ints, enforces the keyword.
-    ``float_values``: wide floats in ``const`` / ``enum`` count too (always for bounds): needed where
-    the schema says ``integer`` anywhere (the engine reads them as 64-bit integers there)."""
-    for kw in [k for k in s if k not in _STRUCTURAL]:
-        v = s[kw]
-        if not has_wide_number(v, floats=float_values or kw not in ("const", "enum")):
-            continue
-        s.pop(kw)
-        if kw in ("const", "enum"):
-            vals = [v] if kw == "const" else (v if isinstance(v, list) else [])
-            types = sorted({_TYPE_OF.get(type(x), "string") for x in vals})
-            if types and "type" not in s:
-                s["type"] = types[0] if len(types) == 1 else types
-        if dropped is not None and kw not in ("default", "examples", "$comment", "title", "description"):
-            dropped.append(kw)
 
 
 _REGEX_ERR = re.compile(r"regex parse error:\n {4}(.*?)\n {4}\^")
@@ -295,6 +270,19 @@ def json_options(whitespace: str, separators: tuple[str, str] | None) -> dict:
     return opts
 
 
+def _exact_literals(g: Any, marks: list, opts: dict, lltok: Any, limits: Any, grammar: str,
+                    matcher: Any) -> tuple[str, Any]:
+    """The grammar with the wide literals of ``marks`` emitted exactly (:func:`~.literals.exact_literal_grammar`),
+    or the superset one unchanged when that cannot be built or compiled. The keywords stay in the
+    semantic ones: validation (exact for Python ints) checks them too."""
+    exact = exact_literal_grammar(g, marks, opts)
+    if exact is None:
+        return grammar, matcher
+    with engine_guard("compiling exact wide literals"):
+        m = llg.LLMatcher(lltok, exact, log_level=0, limits=limits)
+        return (grammar, matcher) if m.is_error() else (exact, m)
+
+
 def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whitespace: str = "compact",
                         separators: tuple[str, str] | None = None, limits: Any = None,
                         checked: bool = False) -> JsonPlan:
@@ -329,7 +317,8 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
     subs = list(iter_subschemas(schema)) if isinstance(schema, dict) else []
     check_schema(schema, subs, text)
     semantic: list[str] = []
-    g = _grammar_copy(schema, semantic, wide, text) if isinstance(schema, dict) else {}
+    marks: list = []
+    g = _grammar_copy(schema, semantic, wide, text, marks) if isinstance(schema, dict) else {}
     if wide and has_wide_number(g, floats=wide != "ints"):  # somewhere the grammar copy could not drop it: never hand it to the engine
         raise SchemaError("the schema holds an integer beyond the 64-bit range (|v| >= 2**63) where it cannot be "
                           "left to validation")
@@ -375,6 +364,8 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
         raise SchemaError(f"the schema cannot be compiled to a grammar: {clip(msg)}")
     else:  # pragma: no cover
         raise ConstraintCompileTimeout("schema relaxation did not converge")
+    if marks:  # wide const / enum: written back exactly as Lark literals where the structure allows
+        grammar, matcher = _exact_literals(g, marks, opts, lltok, limits, grammar, matcher)
     for w in warnings:
         m = _UNIMPL.search(w)
         if m:

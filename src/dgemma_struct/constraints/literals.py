@@ -28,7 +28,7 @@ from dgemma_struct.errors import GrammarError
 from .safety import MAX_SCHEMA_DEPTH, WIDE, clip, has_wide_number, is_wide_number
 
 __all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "decimal_step_copy", "MAX_ENUMERATED_MULTIPLES", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
-           "lone_surrogate", "is_ecma_regex"]
+           "lone_surrogate", "is_ecma_regex", "drop_wide_literals", "exact_literal_grammar"]
 
 #: number bounds this large (or smaller than 1e-15 but not 0) are left out of the grammar copy: llguidance's
 #: range regexes fail near the 64-bit limits ("Failed to generate regex for integer range") and on long
@@ -195,3 +195,203 @@ def is_ecma_regex(pattern: Any, default: bool = True) -> bool:
         return bool(_ECMA.is_valid(pattern))
     except Exception:  # noqa: BLE001
         return default
+
+
+# ----------------------------------------------------------------------------------------------
+# wide literals: out of the JSON grammar copy, back in as exact Lark text
+# ----------------------------------------------------------------------------------------------
+_TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+            type(None): "null"}
+_STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "allOf", "anyOf",
+               "oneOf", "prefixItems", "items", "additionalProperties", "additionalItems", "contains", "not", "if",
+               "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
+_ANNOTATIONS = ("default", "examples", "$comment", "title", "description")
+
+
+def _written_here(path: tuple) -> bool:
+    """Whether a subschema at ``path`` describes a value the output spells out (reached through
+    ``properties`` / ``items`` / ``anyOf`` / ``oneOf`` / ``allOf`` only; not ``not``, ``$defs``, ...)."""
+    i = 0
+    while i < len(path):
+        kw = path[i]
+        if kw in ("properties", "anyOf", "oneOf", "allOf"):
+            i += 2
+        elif kw == "items":
+            i += 1
+        else:
+            return False
+    return True
+
+
+def drop_wide_literals(s: dict, dropped: list[str] | None, float_values: bool = True, path: tuple = (),
+                       marks: list | None = None) -> None:
+    """Keep numbers llguidance cannot take (:func:`is_wide_number`) out of the grammar copy: the keyword
+    holding one is removed (``const``/``enum`` leave their values' types behind), so the JSON grammar is
+    a superset and validation, exact for Python ints, enforces the keyword. A removed ``const`` /
+    ``enum`` is noted in ``marks`` as ``(subschema, keyword, values, written)`` (``written``: an
+    instance is spelled out there), for :func:`exact_literal_grammar`.
+    ``float_values``: wide floats in ``const`` / ``enum`` count too (always for bounds): needed where
+    the schema says ``integer`` anywhere (the engine reads them as 64-bit integers there)."""
+    for kw in [k for k in s if k not in _STRUCTURAL]:
+        v = s[kw]
+        if not has_wide_number(v, floats=float_values or kw not in ("const", "enum")):
+            continue
+        s.pop(kw)
+        if kw in ("const", "enum"):
+            vals = [v] if kw == "const" else (v if isinstance(v, list) else [])
+            types = sorted({_TYPE_OF.get(type(x), "string") for x in vals})
+            if types and "type" not in s:
+                s["type"] = types[0] if len(types) == 1 else types
+            if marks is not None:
+                marks.append((s, kw, vals, _written_here(path)))
+        if dropped is not None and kw not in _ANNOTATIONS:
+            dropped.append(kw)
+
+
+_MARK = "x-dgemma-literals"
+_MAX_REPEAT = 64
+
+
+class _Unsupported(Exception):
+    """A literal sits where :class:`_LiteralGrammar` cannot write the structure around it."""
+
+
+def _fits(v: Any, t: Any) -> bool:
+    """Whether the JSON value ``v`` has the JSON-Schema ``type`` ``t`` (a name or a list; None: any)."""
+    if t is None:
+        return True
+    names = t if isinstance(t, list) else [t]
+    own = _TYPE_OF.get(type(v), "string")
+    integral = own == "integer" or (own == "number" and float(v).is_integer())
+    return own in names or (own == "integer" and "number" in names) or (integral and "integer" in names)
+
+
+def exact_literal_grammar(g: dict, marks: list, opts: dict) -> str | None:
+    """A Lark grammar for the JSON grammar copy ``g`` in which every ``const`` / ``enum`` that
+    :func:`drop_wide_literals` removed is written back *exactly*, as quoted Lark literals (llguidance
+    never reads them as numbers, so nothing near ``+-2**63`` reaches it as one). The structure down to
+    those literals (``properties``, ``items``, ``anyOf`` / ``oneOf``, one-schema ``allOf``, type lists)
+    is written as Lark rules, every other subschema stays ``%json`` (``opts``: its ``x-guidance``).
+    Objects list their declared properties in order (a subset: validation still decides). None when a
+    literal sits where this cannot reach it (behind ``$ref``, tuples, ...)."""
+    for s, kw, vals, written in marks:
+        if written and (kw == "const" or _MARK not in s):
+            s[_MARK] = vals
+    try:
+        marked = json.loads(json.dumps(g))
+    finally:
+        for s, *_ in marks:
+            s.pop(_MARK, None)
+    builder = _LiteralGrammar(marked, opts)
+    if not builder.marked(marked):
+        return None
+    try:
+        return builder.build()
+    except (_Unsupported, RecursionError, TypeError, ValueError):
+        return None
+
+
+class _LiteralGrammar:
+    def __init__(self, root: dict, opts: dict):
+        self.root, self.opts, self.rules, self.n = root, opts, [], 0
+        self.item = opts.get("item_separator") or ","
+        self.key = opts.get("key_separator") or ":"
+        self.shared = {k: root[k] for k in ("$defs", "definitions", "$schema") if k in root}
+        self.memo: dict[int, tuple[Any, bool]] = {}
+
+    def marked(self, x: Any) -> bool:
+        """Whether ``x`` holds a literal mark (memoised per object, the object kept alive with it)."""
+        if isinstance(x, list):
+            return any(self.marked(v) for v in x)
+        if not isinstance(x, dict):
+            return False
+        hit = self.memo.get(id(x))
+        if hit is None:
+            hit = self.memo[id(x)] = (x, _MARK in x or any(self.marked(v) for v in x.values()))
+        return hit[1]
+
+    def build(self) -> str:
+        top = self.expr(self.root, 0)
+        ws = "%ignore /[ \\t\\n\\r]+/\n" if self.opts.get("whitespace_flexible") else ""
+        return "start: " + top + "\n" + "".join(r + "\n" for r in self.rules) + ws
+
+    def fresh(self) -> str:
+        self.n += 1
+        return f"wide_{self.n}"
+
+    def lit(self, v: Any) -> str:
+        return json.dumps(json.dumps(v, separators=(self.item, self.key), ensure_ascii=False), ensure_ascii=False)
+
+    def leaf(self, node: Any) -> str:
+        body = dict(node) if isinstance(node, dict) else ({} if node is True else {"not": {}})
+        for k, v in self.shared.items():
+            body.setdefault(k, v)
+        body["x-guidance"] = self.opts
+        return "%json " + json.dumps(body, ensure_ascii=False)
+
+    def expr(self, node: Any, depth: int) -> str:
+        if depth > 64:
+            raise _Unsupported
+        if not isinstance(node, dict) or not self.marked(node):
+            return self.leaf(node)
+        if _MARK in node:
+            vals = [v for v in node[_MARK] if _fits(v, node.get("type"))]
+            if not vals:
+                raise _Unsupported
+            return "(" + " | ".join(self.lit(v) for v in vals) + ")"
+        if "$ref" in node or "prefixItems" in node:
+            raise _Unsupported
+        for kw in ("anyOf", "oneOf", "allOf"):
+            subs = node.get(kw)
+            if isinstance(subs, list):
+                if kw == "allOf" and len(subs) != 1:
+                    raise _Unsupported
+                rest = {k: v for k, v in node.items() if k != kw}
+                alts = [self.expr({**rest, **b} if isinstance(b, dict) else b, depth + 1) for b in subs]
+                return "(" + " | ".join(alts) + ")"
+        t = node.get("type")
+        if isinstance(t, list):
+            return "(" + " | ".join(self.expr({**node, "type": x}, depth + 1) for x in t) + ")"
+        if t == "object" or (t is None and isinstance(node.get("properties"), dict)):
+            return self.object(node, depth)
+        if t == "array" or (t is None and "items" in node):
+            return self.array(node, depth)
+        raise _Unsupported
+
+    def object(self, node: dict, depth: int) -> str:
+        props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        required = set(node.get("required") or [])
+        mp = node.get("minProperties")
+        if not required <= set(props) or (isinstance(mp, (int, float)) and mp > len(props)):
+            raise _Unsupported
+        names = list(props)
+        if not names:
+            return '"{}"'
+        items = [f"{json.dumps(json.dumps(k, ensure_ascii=False) + self.key, ensure_ascii=False)} "
+                 f"{self.expr(props[k], depth + 1)}" for k in names]
+        base = self.fresh()
+        first = [f"{base}_f{i}" for i in range(len(names) + 1)]
+        rest = [f"{base}_r{i}" for i in range(len(names) + 1)]
+        sep = json.dumps(self.item)
+        for i in range(len(names) - 1, -1, -1):
+            req = names[i] in required
+            self.rules.append(f"{rest[i]}: {sep} {items[i]} {rest[i + 1]}" + ("" if req else f" | {rest[i + 1]}"))
+            alts = [f"{items[i]} {rest[i + 1]}"] + ([first[i + 1]] if not req and i < len(names) - 1 else [])
+            self.rules.append(f"{first[i]}: " + " | ".join(alts))
+        self.rules.append(f'{rest[-1]}: ""')
+        return f'"{{" {first[0]}{"" if required else "?"} "}}"'
+
+    def array(self, node: dict, depth: int) -> str:
+        items = node.get("items", True)
+        lo, hi = node.get("minItems", 0), node.get("maxItems")
+        lo = lo if isinstance(lo, int) and not isinstance(lo, bool) and lo > 0 else 0
+        hi = hi if isinstance(hi, int) and not isinstance(hi, bool) and hi >= lo else None
+        if lo > _MAX_REPEAT:
+            raise _Unsupported
+        if hi == 0:
+            return '"[]"'
+        name = self.fresh()
+        self.rules.append(f"{name}: {self.expr(items, depth + 1)}")
+        top = "" if hi is None or hi > _MAX_REPEAT else str(hi - 1)
+        body = f'{name} ({json.dumps(self.item)} {name}){{{max(lo - 1, 0)},{top}}}'
+        return f'"[" {body} "]"' if lo else f'"[" ({body})? "]"'

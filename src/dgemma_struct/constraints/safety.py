@@ -17,8 +17,9 @@ What the checks do (documented limits, all module constants):
 * ``inf`` / ``nan`` anywhere in a schema: :class:`SchemaError` (not JSON);
 * nesting deeper than :data:`MAX_SCHEMA_DEPTH` containers, more than :data:`MAX_SCHEMA_NODES` values,
   or a cycle (a dict that contains itself): :class:`SchemaError`;
-* "wide" integers (``abs(float(v)) >= 2**63``): kept *out of the grammar* (the keyword holding them is
-  dropped from the grammar copy and enforced by validation, which is exact for Python ints);
+* "wide" integers (``abs(float(v)) >= 2**63``): never handed to the engine as numbers (the keyword holding
+  them is dropped from the JSON grammar copy and enforced by validation, exact for Python ints; a wide
+  ``const`` / ``enum`` is written back exactly as quoted Lark text: :func:`.literals.exact_literal_grammar`);
 * ``$ref`` cycles that do not consume any input (``{"not": {"$ref": "#"}}``): :class:`SchemaError`,
   since validating them recurses forever;
 * grammar / regex / choice text larger than :data:`MAX_SPEC_BYTES`: the matching typed error.

@@ -1,0 +1,97 @@
+"""#26.5: wide integer literals in ``const`` / ``enum`` (beyond int64: ``2**70``, integral floats such as
+``-1e308`` under ``"type": "integer"``) are emitted *exactly* into the grammar, as quoted Lark literals
+(llguidance never reads them as numbers), instead of being left to validation, which the model never
+meets by chance. The inputs are crash inputs of the engine, so generation runs in a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+W = 2 ** 70
+CASES = [  # (schema, the wide value every output must hold, where)
+    ({"type": "integer", "const": W}, W, []),
+    ({"const": -W}, -W, []),
+    ({"type": "integer", "const": -1e308}, -1e308, []),
+    ({"type": "integer", "const": -9.223372036854776e18}, -9.223372036854776e18, []),
+    ({"type": "integer", "enum": [W, W + 1]}, None, []),
+    ({"type": "object", "properties": {"a": {"type": "integer", "const": W}, "b": {"type": "boolean"}},
+      "required": ["a"]}, W, ["a"]),
+    ({"type": "object", "properties": {"n": {"type": "string", "maxLength": 2}, "a": {"const": -W}},
+      "required": ["n", "a"], "additionalProperties": False}, -W, ["a"]),
+    ({"type": "array", "items": {"type": "integer", "const": W}, "minItems": 1, "maxItems": 2}, W, [0]),
+    ({"anyOf": [{"type": "integer", "const": W}, {"type": "null"}]}, None, []),
+]
+
+_GEN = textwrap.dedent('''
+    import json, sys
+    import dgemma_struct as ds
+    from dgemma_struct.errors import DgemmaStructError
+    from dgemma_struct.testing import tiny_runtime
+    rt = tiny_runtime()
+    for s in json.loads(sys.stdin.read()):
+        print("RUN", json.dumps(s), flush=True)
+        try:
+            for seed in (0, 1):
+                v = ds.generate_json("x", s, runtime=rt, max_new_tokens=160, max_repairs=0, fallback=False, seed=seed)
+                print("VALUE", json.dumps(v), flush=True)
+        except DgemmaStructError as e:
+            print("VALUE", json.dumps({"typed": type(e).__name__, "msg": str(e)[:200]}), flush=True)
+''')
+
+
+def _run(code: str, stdin: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True, text=True, timeout=600,
+                          env=env)
+
+
+def _at(v, where):
+    for k in where:
+        v = v[k]
+    return v
+
+
+def test_wide_consts_and_enums_are_generated_exactly_in_a_subprocess():
+    r = _run(_GEN, json.dumps([s for s, _, _ in CASES]))
+    runs = [ln for ln in r.stdout.splitlines() if ln.startswith("RUN")]
+    assert r.returncode == 0, f"the interpreter died (rc {r.returncode}) on {runs[-1:]}\n{r.stderr[-2000:]}"
+    values = [json.loads(ln[6:]) for ln in r.stdout.splitlines() if ln.startswith("VALUE")]
+    assert len(values) == 2 * len(CASES), r.stdout[-2000:]
+    for i, (schema, want, where) in enumerate(CASES):
+        for v in values[2 * i:2 * i + 2]:
+            assert not (isinstance(v, dict) and "typed" in v), (schema, v)  # before: GenerationFailed, always
+            if want is not None:
+                got = _at(v, where)
+                assert got == want and type(got) is type(want), (schema, v)
+            elif "enum" in schema:
+                assert v in schema["enum"], (schema, v)
+            else:
+                assert v is None or v == W, (schema, v)
+
+
+def test_the_grammar_spells_wide_literals_as_quoted_text(rt):
+    from dgemma_struct.constraints import compile_constraint
+    from dgemma_struct.constraints.literals import screen_lark_json
+
+    for schema, lit in [({"type": "integer", "const": W}, str(W)), ({"type": "integer", "const": -1e308}, "-1e+308"),
+                        ({"type": "object", "properties": {"a": {"enum": [W, 3]}}, "required": ["a"]}, str(W))]:
+        c = compile_constraint(schema, tokenizer=rt.tokenizer)
+        assert json.dumps(lit) in c.grammar, c.grammar          # a quoted Lark literal
+        screen_lark_json(c.grammar)                              # no %json block holds a wide number
+        assert c.matches(lit if "properties" not in schema else "{\"a\":" + str(W) + "}")
+        assert not c.matches(str(W + 1) if "properties" not in schema else "{\"a\":" + str(W + 1) + "}")
+
+
+def test_wide_literals_the_lark_form_cannot_reach_still_compile(rt):
+    """Behind ``$ref`` or under ``not`` the literal stays out of the grammar (the superset, validated)."""
+    from dgemma_struct.constraints import compile_constraint
+
+    ref = {"type": "object", "properties": {"a": {"$ref": "#/$defs/w"}}, "required": ["a"],
+           "$defs": {"w": {"const": W}}}
+    c = compile_constraint(ref, tokenizer=rt.tokenizer)
+    assert c.matches(json.dumps({"a": W}, separators=(",", ":"))) and not c.matches("{\"a\":5}")
+    c = compile_constraint({"type": "integer", "not": {"const": W}}, tokenizer=rt.tokenizer)
+    assert c.matches("5") and not c.matches(str(W))
