@@ -16,7 +16,8 @@ _INNER = {"$defs": {"inner": {"properties": {"bar": {"type": "string"}}}}, "$ref
 CASES = [
     # "refs with relative uris and defs": #/$defs/inner is in the resource schema-relative-uri-defs2.json
     ({"$schema": S2020, "$id": "http://example.com/schema-relative-uri-defs1.json",
-      "properties": {"foo": {"$id": "schema-relative-uri-defs2.json", **_INNER}}, "$ref": "schema-relative-uri-defs2.json"},
+      "properties": {"foo": {"$id": "schema-relative-uri-defs2.json", **_INNER}},
+      "$ref": "schema-relative-uri-defs2.json"},
      [({"foo": {"bar": "a"}, "bar": "a"}, True), ({"foo": {"bar": 1}, "bar": "a"}, False),
       ({"foo": {"bar": "a"}, "bar": 1}, False)]),
     # "URN ref with nested pointer ref"
@@ -26,7 +27,8 @@ CASES = [
      [("bar", True), (12, False)]),
     # "$id must be resolved against nearest parent, not just immediate parent"
     ({"$schema": S2020, "$id": "http://example.com/a.json",
-      "$defs": {"x": {"$id": "http://example.com/b/c.json", "not": {"$defs": {"y": {"$id": "d.json", "type": "number"}}}}},
+      "$defs": {"x": {"$id": "http://example.com/b/c.json",
+                      "not": {"$defs": {"y": {"$id": "d.json", "type": "number"}}}}},
       "allOf": [{"$ref": "http://example.com/b/d.json"}]},
      [(1, True), ("a", False)]),
     # "Location-independent identifier with base URI change in subschema" (anchor.json)
@@ -58,10 +60,25 @@ def test_remote_and_dangling_refs_still_refused(hf_tok):
     with pytest.raises(UnsupportedKeywordError, match="remote"):
         compile_constraint({"$id": "http://example.com/root.json", "$ref": "other.json"}, hf_tok, use_cache=False)
     with pytest.raises(UnsupportedKeywordError, match="remote"):   # relative to the sub-resource: b/other.json
-        compile_constraint({"$id": "http://example.com/root.json", "$defs": {"a": {"$id": "b/x.json", "$ref": "y.json"}},
-                            "$ref": "b/x.json"}, hf_tok, use_cache=False)
+        compile_constraint({"$id": "http://example.com/root.json",
+                            "$defs": {"a": {"$id": "b/x.json", "$ref": "y.json"}}, "$ref": "b/x.json"},
+                           hf_tok, use_cache=False)
     with pytest.raises(SchemaError, match="dangling"):   # #/$defs/inner is not in the sub-resource
         compile_constraint({"$id": "http://example.com/r.json", "$defs": {"inner": {"type": "string"}},
                             "properties": {"foo": {"$id": "s.json", "$ref": "#/$defs/inner"}}}, hf_tok, use_cache=False)
     with pytest.raises(SchemaError, match="dangling"):
         compile_constraint({"properties": {"a": {"$ref": "#/$defs/nope"}}}, hf_tok, use_cache=False)
+
+
+def test_id_with_empty_fragment_and_bad_uris(hf_tok):
+    # draft-04 "id" ending in "#" (swagger-2.0's schema): "#/definitions/x" still resolves in the document
+    c = compile_constraint({"$schema": "http://json-schema.org/draft-04/schema#",
+                            "id": "http://swagger.io/v2/schema.json#",
+                            "definitions": {"x": {"type": "integer"}},
+                            "properties": {"a": {"patternProperties": {"^x-": {"$ref": "#/definitions/x"}}}}},
+                           hf_tok, use_cache=False)
+    assert c.matches('{"a":{"x-1":1}}') and not c.matches('{"a":{"x-1":"s"}}')
+    for schema in ({"properties": {"a": {"$id": "http://[bad", "$ref": "#/$defs/a"}}},
+                   {"properties": {"a": {"$id": "x.json", "$ref": "http://[bad"}}}):
+        with pytest.raises(SchemaError, match=r"invalid \$(id|ref)"):   # typed, not a bare ValueError
+            compile_constraint(schema, hf_tok, use_cache=False)

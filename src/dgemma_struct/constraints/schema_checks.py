@@ -115,7 +115,8 @@ def with_spec_formats(validator: Any) -> Any:
     """``validator`` (a python-jsonschema validator) with :func:`format_checks` in place of its own
     checks for those formats; its other format checks (and the assertion itself) are kept.
 
-    >>> v = with_spec_formats(jsonschema.Draft202012Validator({"format": "time"}, format_checker=jsonschema.FormatChecker()))
+    >>> fc = jsonschema.FormatChecker()
+    >>> v = with_spec_formats(jsonschema.Draft202012Validator({"format": "time"}, format_checker=fc))
     >>> v.is_valid("23:59:60Z"), v.is_valid("24:00:00Z")
     (True, False)
     """
@@ -193,32 +194,10 @@ def _resolve_pointer(root: Any, ref: str, subs: list | None = None) -> bool:
     return True
 
 
-def _all_refs(schema: Any, path: tuple = ()) -> list[tuple[tuple, str]]:
-    """Every ``$ref`` / ``$dynamicRef`` string with its path, in document order (``enum`` / ``const`` /
-    ``default`` / ``examples`` values are data, not schemas)."""
-    out: list[tuple[tuple, str]] = []
-    if isinstance(schema, (dict, list)):
-        _collect_refs(schema, path, out)
-    return out
-
-
-def _collect_refs(schema: Any, path: tuple, out: list) -> None:
-    # plain recursion (depth bounded by safety.MAX_SCHEMA_DEPTH); scalars are skipped without a call
-    if isinstance(schema, dict):
-        for k, v in schema.items():
-            if k in ("$ref", "$dynamicRef") and isinstance(v, str):
-                out.append((path + (k,), v))
-            elif isinstance(v, (dict, list)) and k not in ("enum", "const", "default", "examples"):
-                _collect_refs(v, path + (k,), out)
-    else:
-        for i, v in enumerate(schema):
-            if isinstance(v, (dict, list)):
-                _collect_refs(v, path + (i,), out)
-
-
 def _refs_with_bases(schema: Any, spec: Any, base: str) -> list[tuple[tuple, str, str]]:
-    """Every ``$ref`` / ``$dynamicRef`` with its path and the base URI it is resolved against: the
-    nearest enclosing ``$id`` (each resolved against its parent's base, as 2020-12 says)."""
+    """Every ``$ref`` / ``$dynamicRef`` string with its path and the base URI it is resolved against (the
+    nearest enclosing ``$id``, each resolved against its parent's base), in document order (``enum`` /
+    ``const`` / ``default`` / ``examples`` values are data, not schemas)."""
     out: list[tuple[tuple, str, str]] = []
     stack: list[tuple[Any, tuple, str]] = [(schema, (), base)]
     while stack:
@@ -228,7 +207,12 @@ def _refs_with_bases(schema: Any, spec: Any, base: str) -> list[tuple[tuple, str
                 nid = spec.id_of(node)
             except Exception:  # noqa: BLE001 - an "$id" that is not a string: no new base
                 nid = None
-            b = urljoin(b, nid) if isinstance(nid, str) else b
+            if isinstance(nid, str):
+                try:
+                    b = urljoin(b, nid.rstrip("#"))  # "x.json#" is "x.json", as referencing reads it
+                except ValueError as e:  # e.g. "http://[bad": not a URI reference
+                    raise SchemaError(f"invalid $id {clip(repr(nid), 100)} at {fmt_path(path)}: {clip(e, 100)}",
+                                      keywords=["$id"]) from None
             for k, v in node.items():
                 if k in ("$ref", "$dynamicRef") and isinstance(v, str):
                     out.append((path + (k,), v, b))
@@ -245,19 +229,19 @@ def _check_refs(schema: Any, subs: list | None = None) -> None:
     ``referencing``) resolves it: against the base URI of the nearest ``$id``; a reference to another
     document is a remote ``$ref`` (:class:`UnsupportedKeywordError`), a missing target is dangling."""
     subs = subs if subs is not None else list(iter_subschemas(schema))
-    embedded = any(isinstance(s.get("$id"), str) or isinstance(s.get("id"), str) for p, s in subs if p)
-    refs = _all_refs(schema)
-    if not embedded and all(r.startswith("#") for _, r in refs):  # one resource: JSON pointers / anchors
-        for path, ref in refs:
+    spec = referencing.jsonschema.specification_with(schema.get("$schema", ""),
+                                                     default=referencing.jsonschema.DRAFT202012)
+    refs = _refs_with_bases(schema, spec, "")  # the root's own $id included; SchemaError for a bad $id
+    if not any(isinstance(s.get("$id"), str) or isinstance(s.get("id"), str) for p, s in subs if p) \
+            and all(r.startswith("#") for _, r, _ in refs):  # one resource: JSON pointers / anchors
+        for path, ref, _ in refs:
             if not _resolve_pointer(schema, ref, subs):
                 raise SchemaError(f"dangling $ref {ref!r} at {fmt_path(path)}", keywords=["$ref"])
         return
-    spec = referencing.jsonschema.specification_with(
-        schema.get("$schema", ""), default=referencing.jsonschema.DRAFT202012)
     root = spec.create_resource(schema)
     root_id = root.id() if isinstance(root.id(), str) else ""
     registry = referencing.Registry().with_resource(root_id, root).crawl()
-    for path, ref, base in _refs_with_bases(schema, spec, root_id):
+    for path, ref, base in refs:
         try:
             registry.resolver(base_uri=base).lookup(ref)
             continue
@@ -265,13 +249,17 @@ def _check_refs(schema: Any, subs: list | None = None) -> None:
             pass
         except Exception:  # noqa: BLE001 - a malformed URI: let the pointer check below decide
             pass
-        uri, _, frag = urljoin(base, ref).partition("#")
+        try:
+            uri, _, frag = urljoin(base, ref).partition("#")
+        except ValueError as e:
+            raise SchemaError(f"invalid $ref {clip(repr(ref), 100)} at {fmt_path(path)}: {clip(e, 100)}",
+                              keywords=["$ref"]) from None
         try:
             registry.contents(uri)
         except Exception:  # noqa: BLE001 - NoSuchResource: another document
             raise UnsupportedKeywordError(
                 f"remote $ref {ref!r} at {fmt_path(path)} cannot be resolved offline", keywords=["$ref"]) from None
-        if path[-1] == "$dynamicRef" and frag and not frag.startswith("/") and _resolve_pointer(schema, "#" + frag, subs):
+        if path[-1] == "$dynamicRef" and frag[:1] not in ("", "/") and _resolve_pointer(schema, "#" + frag, subs):
             continue  # a dynamic anchor of the dynamic scope (another resource of this document)
         raise SchemaError(f"dangling $ref {ref!r} at {fmt_path(path)}", keywords=["$ref"])
 
