@@ -22,15 +22,14 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, Callable, Iterator, Sequence
 
 from dgemma_struct.constraints import Choice, Grammar, Regex
-from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest
-from dgemma_struct.errors import ChoiceError, DgemmaStructError, GenerationTimeout, InvalidRequestError
+from dgemma_struct.scheduling.run import run_sessions
+from dgemma_struct.errors import ChoiceError, DgemmaStructError, InvalidRequestError
 from dgemma_struct.options import FIELDS, GenerateOptions, offset_seed
 from dgemma_struct.prompts import Prompt, check_seed, fresh_seed
-from dgemma_struct.repair.session import RepairSession, batch_guide
+from dgemma_struct.repair.session import RepairSession
 from dgemma_struct.repair.preparation import constraint_for, prepare, resolve_runtime
 from dgemma_struct.choice_scores import score_choices
 from dgemma_struct.results import CanvasEvent, ChoiceResult, GenerationResult
@@ -152,10 +151,10 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
                    return_exceptions: bool = False, row_stop: Sequence[Callable[[], bool] | None] | None = None,
                    options: GenerateOptions | None = None, **knobs: Any) -> list[Any]:
     """Constrained generation for many prompts in one batched canvas loop; each row has its own
-    constraint (``specs`` is one spec for all rows or one per row). In diffusion mode the batch is
-    continuous (:mod:`dgemma_struct.scheduling.scheduler`): a row leaves it as soon as it finishes, and a
-    row that fails validation is repaired by a new row joining the running batch (the AR fallback
-    too, in an AR batch); in AR mode, or with ``logprobs``, rows are repaired one by one. Returns :class:`GenerationResult` objects (or, with
+    constraint (``specs`` is one spec for all rows or one per row). The batch is continuous in every
+    mode (:func:`dgemma_struct.scheduling.run.run_sessions`): a row leaves it as soon as it finishes,
+    and a row that fails validation is repaired by a new row joining the running batch (the AR
+    fallback too, in an AR batch); ``logprobs`` are recorded per row. Returns :class:`GenerationResult` objects (or, with
     ``return_exceptions=True``, the typed error in a failed row's place).
 
     ``seed``: one seed for every row, one per row, or ``None`` (a fresh seed per row). Every row
@@ -201,58 +200,13 @@ def generate_batch(prompts: Sequence[Prompt], specs: Any | Sequence[Any], *, run
     live = [i for i, s in enumerate(out) if isinstance(s, RepairSession)]
     if not live:
         return out
-    t0 = time.perf_counter()
     sessions: list[RepairSession] = [out[i] for i in live]
-    if opts.mode == "diffusion" and opts.logprobs is None:
-        stops = [row_stop[i] if row_stop is not None else None for i in live]
-        for i, res in zip(live, _run_continuous(rt, sessions, stops)):
-            if isinstance(res, DgemmaStructError) and not return_exceptions:
-                raise res
-            out[i] = res
-        return out
-    guide = batch_guide(sessions, row_stop=[row_stop[i] for i in live] if row_stop is not None else None)
-    results = rt.generate_ids([s.prompt_ids for s in sessions], max_new_tokens=opts.max_new_tokens,
-                              seed=[s.seed for s in sessions], mode=opts.mode, hook=guide,
-                              temperature=opts.temperature, top_p=opts.top_p)
-    guide.drain()  # before any row raises: no worker left on the walkers
-    for j, (i, sess) in enumerate(zip(live, sessions)):
-        try:
-            if guide.outcome(j).cut:
-                raise GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
-            out[i] = sess.solve(first=sess.absorb(results[j], guide, row=j), t0=t0)
-        except DgemmaStructError as err:
-            if not return_exceptions:
-                raise
-            out[i] = err
+    stops = [row_stop[i] for i in live] if row_stop is not None else None
+    for i, res in zip(live, run_sessions(rt, sessions, stops)):
+        if isinstance(res, DgemmaStructError) and not return_exceptions:
+            raise res
+        out[i] = res
     return out
-
-
-def _run_continuous(rt: DiffusionRuntime, sessions: list[RepairSession],
-                    stops: list[Callable[[], bool] | None]) -> list[Any]:
-    """The sessions as rows of one continuous batch (:mod:`dgemma_struct.scheduling.scheduler`): a row leaves
-    when it finishes, its repairs join the batch again. Returns each row's result or typed error;
-    a row whose batched canvas failed is rerun alone (so only the row that breaks fails)."""
-    def stop_of(sess: RepairSession, rs: Callable[[], bool] | None) -> Callable[[], bool]:
-        return lambda: (rs is not None and rs()) or (sess.deadline is not None and time.monotonic() > sess.deadline)
-
-    sched = ContinuousScheduler(rt, max_rows=len(sessions))
-    for j, sess in enumerate(sessions):
-        o = sess.opts
-        sched.submit(RowRequest(prompt_ids=sess.prompt_ids, max_new_tokens=o.max_new_tokens, seed=sess.seed,
-                                session=sess, temperature=o.temperature, top_p=o.top_p, stop=stop_of(sess, stops[j]),
-                                tag=j))
-    results: list[Any] = [None] * len(sessions)
-    while not sched.idle:
-        for req, res in sched.step():
-            if isinstance(res, BatchFailed):
-                try:
-                    res = sessions[req.tag].solve()
-                except DgemmaStructError as err:
-                    res = err
-            elif isinstance(res, BaseException) and not isinstance(res, DgemmaStructError):
-                raise res
-            results[req.tag] = res
-    return results
 
 
 def generate_json_batch(prompts: Sequence[Prompt], schema: Any, **opts: Any) -> list[Any]:

@@ -30,3 +30,25 @@ def test_batched_rows_equal_single_rows(embedded_runtime, seed):
     # a row's output does not depend on its neighbours
     pair = generate_batch(PROMPTS[2:], Person, runtime=embedded_runtime, seed=seed)
     assert [r.text for r in pair] == [r.text for r in batch[2:]]
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_one_batch_road_for_ar_and_logprobs(embedded_runtime, mode, monkeypatch):
+    """AR rows and rows with logprobs run on the continuous road too (no static batch left): each
+    row's text and logprob entries are what it gets alone, whatever shares its batch."""
+    from dgemma_struct.scheduling import scheduler
+
+    admitted = []
+    real = scheduler.ContinuousScheduler.submit
+    monkeypatch.setattr(scheduler.ContinuousScheduler, "submit", lambda self, req: (admitted.append(req), real(self, req)))
+    batch = generate_batch(PROMPTS[:3], Person, runtime=embedded_runtime, seed=3, mode=mode, logprobs=2,
+                           max_new_tokens=48)
+    assert len(admitted) >= 3 and {r.mode for r in admitted} == {mode}
+    singles = [generate(p, Person, runtime=embedded_runtime, seed=3, mode=mode, logprobs=2, max_new_tokens=48,
+                        return_details=True) for p in PROMPTS[:3]]
+    assert [r.text for r in batch] == [r.text for r in singles]
+    for b, s in zip(batch, singles):
+        assert b.logprobs is not None and len(b.logprobs) == len(b.token_ids)
+        assert [e.token_id for e in b.logprobs] == [e.token_id for e in s.logprobs]
+        # batched matmuls round differently from a row alone: equal to float32 noise
+        assert all(abs(x.logprob - y.logprob) < 2e-3 for x, y in zip(b.logprobs, s.logprobs))

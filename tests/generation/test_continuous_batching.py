@@ -11,7 +11,7 @@ import torch
 
 from dgemma_struct import generate
 from dgemma_struct.engine.canvas import CanvasBatch
-from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest
+from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest, RowStatus
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.options import GenerateOptions
@@ -217,3 +217,58 @@ def test_requests_with_different_guide_knobs_never_share_a_batch(embedded_runtim
                                                                    r.session.opts.close_on_budget)
     while not sched.idle:
         sched.step()
+
+
+def test_a_request_names_its_phase(embedded_runtime, monkeypatch):
+    """waiting → running → (repairing) → done / cancelled / failed, as the scheduler moves it."""
+    rt = embedded_runtime
+    sched = ContinuousScheduler(rt)
+    ok = _request(rt, PROMPTS[1], NOTES, seed=1, max_new_tokens=160)
+    gone = _request(rt, PROMPTS[2], NOTES, seed=1, max_new_tokens=160, stop=lambda: True)
+    for r in (ok, gone):
+        sched.submit(r)
+    assert ok.status is RowStatus.WAITING and not ok.status.finished
+    seen = []
+    while not sched.idle:
+        for req, res in sched.step():
+            seen.append((req.tag, req.status, res))
+        if ok.status is RowStatus.RUNNING:
+            seen.append(("running", ok.status, None))
+    statuses = {tag: st for tag, st, _ in seen}
+    assert statuses[PROMPTS[2]] is RowStatus.CANCELLED
+    assert statuses[PROMPTS[1]] is RowStatus.DONE and statuses[PROMPTS[1]].finished
+    assert ("running", RowStatus.RUNNING, None) in seen
+
+    bad = _request(rt, PROMPTS[0], NOTES, seed=1, max_new_tokens=64)
+    sched.submit(bad)
+    monkeypatch.setattr(CanvasBatch, "run_canvas", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert [req.status for req, _ in sched.step()] == [RowStatus.FAILED]
+
+
+def test_a_repair_row_is_repairing(embedded_runtime):
+    from pydantic import BaseModel, field_validator
+
+    calls = {"n": 0}
+
+    class OnceBad(BaseModel):
+        n: int
+
+        @field_validator("n")
+        @classmethod
+        def first_is_rejected(cls, v):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise ValueError("the first value is rejected (forces one repair)")
+            return v
+
+    rt = embedded_runtime
+    opts = GenerateOptions.build(None, {"seed": 1, "max_new_tokens": 32}, verb="generate")
+    session = prepare("A number as JSON.", OnceBad, rt, opts)
+    sched = ContinuousScheduler(rt)
+    sched.submit(RowRequest(prompt_ids=session.prompt_ids, max_new_tokens=32, seed=session.seed, session=session))
+    statuses, out = [], []
+    while not sched.idle:
+        out += sched.step()
+        statuses += [r.status for b in sched.batches for r in b.rows.values()] + [r.status for r in sched.waiting]
+    assert RowStatus.REPAIRING in statuses and calls["n"] >= 2
+    assert [req.status for req, _ in out] == [RowStatus.DONE]

@@ -107,7 +107,7 @@ def test_logprob_is_the_masked_softmax_recomputed(tiny_runtime, mode):
     guide = _Spy([c.canvas_walker()], pad_token_id=rt.pad_token_id or 0, logprobs=4)
     guide.seen = []
     rt.generate_ids([rt.encode_prompt("code?")], max_new_tokens=24, seed=[3], mode=mode, hook=guide)
-    entries = guide.lp.rows[0]
+    entries = guide.all_rows[0].lp
     assert guide.seen
     for i, token, logits, allowed in guide.seen:
         p = torch.softmax(logits.float().masked_fill(~allowed, float("-inf")), dim=-1)

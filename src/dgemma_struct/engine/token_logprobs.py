@@ -79,33 +79,35 @@ def forced_entry(token: int, top: int) -> TokenLogprob:
 
 
 class GuideLogprobs:
-    """The entries a :class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide` records per row, one per token it
-    commits (in commit order, stop token included). ``ar_temperature``: the AR loop's temperature
-    (``None``/0: greedy; the distribution reported is then the masked logits at temperature 1)."""
+    """How a :class:`~dgemma_struct.guide.constraint_guide.ConstraintGuide` records logprob entries:
+    into each row's own list (``row.lp``, with the row's own ``row.lp_top`` alternatives), one per
+    token it commits (in commit order, stop token included), so a row keeps its entries when it moves
+    between batches. ``ar_temperature``: the AR loop's temperature (``None``/0: greedy; the
+    distribution reported is then the masked logits at temperature 1)."""
 
-    def __init__(self, n_rows: int, top: int, ar_temperature: float | None = None):
-        self.top = top
-        self.rows: list[list[TokenLogprob]] = [[] for _ in range(n_rows)]
+    def __init__(self, ar_temperature: float | None = None):
         self.ar_scale = float(ar_temperature) if ar_temperature else 1.0
         self.ar_logits: torch.Tensor | None = None   # the last masked AR logits [B, V]
 
-    def record(self, b: int, walker: Any, tokens: list[int], logits: torch.Tensor | None) -> None:
-        """``tokens`` are about to be committed at row ``b``'s frontier; ``logits`` (``[>=n, V]``, the
+    @staticmethod
+    def record(row: Any, walker: Any, tokens: list[int], logits: torch.Tensor | None) -> None:
+        """``tokens`` are about to be committed at ``row``'s frontier; ``logits`` (``[>=n, V]``, the
         step's rows at their positions) or ``None`` for forced tokens."""
         if logits is None:
-            self.rows[b].extend(forced_entry(t, self.top) for t in tokens)
+            row.lp.extend(forced_entry(t, row.lp_top) for t in tokens)
             return
         masks = walker.walk(tokens).bitmasks   # the exact allowed set at each position, given the ones before
-        self.rows[b].extend(entries_from_logits(logits, tokens, self.top, masks[:len(tokens)]))
+        row.lp.extend(entries_from_logits(logits, tokens, row.lp_top, masks[:len(tokens)]))
 
-    def record_ar(self, b: int, token: int) -> None:
-        """AR mode: the token chosen at row ``b`` from the last masked logits."""
+    def record_ar(self, row: Any, b: int, token: int) -> None:
+        """AR mode: the token chosen at batch position ``b`` (``row``) from the last masked logits."""
         rows = self.ar_logits[b:b + 1] / self.ar_scale
-        self.rows[b].extend(entries_from_logits(rows, [token], self.top))
+        row.lp.extend(entries_from_logits(rows, [token], row.lp_top))
 
-    def kept(self, b: int, stops: Sequence[int]) -> list[TokenLogprob]:
-        """Row ``b``'s entries without stop tokens (as the row's outcome drops them)."""
-        return [e for e in self.rows[b] if e.token_id not in stops]
+    @staticmethod
+    def kept(row: Any, stops: Sequence[int]) -> list[TokenLogprob]:
+        """``row``'s entries without stop tokens (as the row's outcome drops them)."""
+        return [e for e in row.lp if e.token_id not in stops]
 
 
 class FreeTextLogprobs(NullHook):

@@ -68,7 +68,7 @@ class ConstraintGuide(ARMasking):
         # :meth:`keep_rows`, :meth:`join`); ``all_rows``: every row by id, as ``outcome`` counts them
         self.rows = [RowState(w, start=len(w.frozen_tokens) if w is not None else 0,
                               budget=budgets[b] if budgets is not None else None,
-                              stop=row_stop[b] if row_stop is not None else None, id=b)
+                              stop=row_stop[b] if row_stop is not None else None, id=b, lp_top=logprobs)
                      for b, w in enumerate(walkers)]
         self.all_rows = list(self.rows)
         self.budgeted = budgets is not None
@@ -85,7 +85,7 @@ class ConstraintGuide(ARMasking):
         self._ahead = MaskLookahead()
         self._w = CanvasWrites()        # the step's freezes and done rows, decided on the host
         self._stage = BitmaskStaging()  # reused (pinned on CUDA) bitmask buffers
-        self.lp = GuideLogprobs(len(self.rows), logprobs, ar_temperature) if logprobs is not None else None
+        self.lp = GuideLogprobs(ar_temperature)     # rows with ``lp_top`` record into their own list
 
     @property
     def walkers(self) -> list[CanvasWalker | None]:
@@ -100,7 +100,7 @@ class ConstraintGuide(ARMasking):
         stops = r.walker.stop_token_ids if r.walker is not None else ()
         return RowOutcome(tokens=[t for t in gen if t not in stops], complete=bool(gen) and gen[-1] in stops,
                           dead_end=r.dead_end, forced=r.forced, closing=r.closing, cut=r.cut,
-                          logprobs=self.lp.kept(row, stops) if self.lp is not None else None)
+                          logprobs=GuideLogprobs.kept(r, stops) if r.lp_top is not None else None)
 
     # ------------------------------------------------------------------ a running batch
     def keep_rows(self, positions: Sequence[int]) -> None:
@@ -111,9 +111,7 @@ class ConstraintGuide(ARMasking):
     def join(self, rows: Sequence[RowState], canvas_index: int) -> None:
         """Rows from other guides (:meth:`RowState` objects, shared: their own guide's ``outcome``
         keeps working) join the batch before canvas ``canvas_index``; they count their canvases from
-        there. Logprobs are not recorded for joined rows."""
-        if self.lp is not None:
-            raise ValueError("rows cannot join a guide that records logprobs")
+        there. A row that records logprobs goes on recording into its own list."""
         self._ahead.drain()
         for r in rows:
             r.canvas0 = canvas_index
@@ -151,8 +149,8 @@ class ConstraintGuide(ARMasking):
             tokens = keep
         if not tokens:
             return
-        if self.lp is not None:
-            self.lp.record(r.id, w, tokens, logits)
+        if r.lp_top is not None:
+            GuideLogprobs.record(r, w, tokens, logits)
         w.commit(tokens)
         self._w.freeze(b, f, list(tokens))
         r.n_frozen = f + len(tokens)

@@ -112,8 +112,8 @@ class ARMasking:
         if self.close_on_budget:
             for b in rows:
                 steer_to_close(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window)
-        if self.lp is not None:
-            self.lp.ar_logits = logits
+        if any(r.lp_top is not None for r in self.rows):
+            self.lp.ar_logits = logits   # entries are computed at ar_token, for the rows that record
         self._timed(t0)
 
     def drain(self) -> None:
@@ -125,8 +125,8 @@ class ARMasking:
         rows = self._ar_rows(active)
         toks = tokens.tolist() if rows else []
         for b in rows:
-            if self.lp is not None:
-                self.lp.record_ar(b, toks[b])
+            if self.rows[b].lp_top is not None:
+                self.lp.record_ar(self.rows[b], b, toks[b])
             self.rows[b].walker.commit([toks[b]])
         nxt = tuple(b for b in rows if toks[b] not in self.rows[b].walker.stop_token_ids)
         if nxt:

@@ -7,7 +7,7 @@ Example::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -36,6 +36,8 @@ class RowState:
     closing_est: tuple | None = None     # (walker length, closing plan or None): the cached estimate
     id: int = 0                          # the row's index in its guide's ``outcome`` numbering
     canvas0: int = 0                     # the batch's canvas index when the row joined it
+    lp_top: int | None = None            # record logprobs with this many alternatives (None: none)
+    lp: list[TokenLogprob] = field(default_factory=list)   # the entries recorded, one per committed token
 
     @property
     def committed(self) -> int:

@@ -2,7 +2,12 @@
 chooser, and the loop that drives repair sessions to completion.
 
 - :mod:`~dgemma_struct.scheduling.scheduler` — :class:`ContinuousScheduler` (admit, one canvas, results);
-- :mod:`~dgemma_struct.scheduling.mode_choice` — diffusion or AR per request.
+- :mod:`~dgemma_struct.scheduling.mode_choice` — diffusion or AR per request;
+- :mod:`~dgemma_struct.scheduling.run` — :func:`run_sessions`, prepared requests driven to completion
+  on the one batch road (what ``generate_batch`` runs).
+
+A :class:`RowRequest` names its phase with a :class:`RowStatus` (waiting, running, repairing, done,
+cancelled, failed).
 
 Never imports the verbs, the server, grounding or tools; only the verbs and the server import it.
 
@@ -13,6 +18,7 @@ Example::
     'ContinuousScheduler'
 """
 from dgemma_struct.scheduling.mode_choice import ModeChooser
-from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest
+from dgemma_struct.scheduling.run import run_sessions
+from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest, RowStatus
 
-__all__ = ["BatchFailed", "ContinuousScheduler", "ModeChooser", "RowRequest"]
+__all__ = ["BatchFailed", "ContinuousScheduler", "ModeChooser", "RowRequest", "RowStatus", "run_sessions"]

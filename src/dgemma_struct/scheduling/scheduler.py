@@ -32,6 +32,7 @@ Example::
 """
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator
@@ -50,7 +51,23 @@ if TYPE_CHECKING:
     from dgemma_struct.repair.session import RepairSession
     from dgemma_struct.runtime import DiffusionRuntime
 
-__all__ = ["RowRequest", "ContinuousScheduler", "BatchFailed"]
+__all__ = ["RowRequest", "RowStatus", "ContinuousScheduler", "BatchFailed"]
+
+
+class RowStatus(str, enum.Enum):
+    """A request's phase in the scheduler: ``waiting`` to join a batch, ``running`` its first attempt,
+    ``repairing`` (a repair or the AR fallback, queued or running), then one of the three ends."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    REPAIRING = "repairing"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RowStatus.DONE, RowStatus.CANCELLED, RowStatus.FAILED)
 
 
 @dataclass(eq=False)
@@ -73,11 +90,19 @@ class RowRequest:
     mode: str = "diffusion"            # "diffusion", "ar", or "auto" (the scheduler picks per batch)
     prefix: list[int] = field(default_factory=list)   # a repair: the kept tokens it continues from
     # set by the scheduler
+    status: RowStatus = RowStatus.WAITING
     admitted: float | None = None      # time.perf_counter() when it joined a batch
     t0: float | None = None            # when its first attempt joined (the request's wall time)
     plan: Generator | None = field(default=None, repr=False)   # the session's attempts, once started
     guide: ConstraintGuide | None = field(default=None, repr=False)
     tokens: list[int] = field(default_factory=list, repr=False)
+
+
+def _status_of(req: RowRequest, res: Any) -> RowStatus:
+    """How a request that left the scheduler ended."""
+    if isinstance(res, GenerationTimeout) and req.stop is not None and req.stop():
+        return RowStatus.CANCELLED
+    return RowStatus.FAILED if isinstance(res, BaseException) else RowStatus.DONE
 
 
 class BatchFailed(Exception):
@@ -135,6 +160,8 @@ class ContinuousScheduler:
         """Every waiting and running request, removed (after an unexpected failure)."""
         reqs = self.waiting + [r for b in self.batches for r in b.rows.values()]
         self.waiting, self.batches = [], []
+        for r in reqs:
+            r.status = RowStatus.FAILED
         return reqs
 
     def submit(self, req: RowRequest) -> None:
@@ -167,7 +194,7 @@ class ContinuousScheduler:
         guide = ConstraintGuide([], pad_token_id=self.rt.pad_token_id or 0,
                                 progress=o.progress if o else True, force_tokens=o.force_tokens if o else True,
                                 renoise_invalid=o.renoise_invalid if o else False, budgets=[],
-                                close_on_budget=o.close_on_budget if o else True)
+                                close_on_budget=o.close_on_budget if o else True, ar_temperature=req.temperature)
         if mode == "ar":
             batch: CanvasBatch | ARBatch = ARBatch(self.rt.model, eos_token_ids=self.rt.eos_token_ids,
                                                    pad_token_id=self.rt.pad_token_id, hook=guide,
@@ -189,7 +216,9 @@ class ContinuousScheduler:
         row.stop = req.stop
         return row
 
-    def _admit(self) -> list[tuple[RowRequest, Any]]:
+    def admit(self) -> list[tuple[RowRequest, Any]]:
+        """Admit the waiting requests into batches now (what :meth:`step` does first); returns the
+        ``(request, error)`` of those that were cancelled before they started."""
         out: list[tuple[RowRequest, Any]] = []
         still: list[RowRequest] = []
         room = self.max_rows - self.running
@@ -197,6 +226,7 @@ class ContinuousScheduler:
         for req in self.waiting:
             if req.stop is not None and req.stop():
                 self.counters["cancelled"] += 1
+                req.status = RowStatus.CANCELLED
                 out.append((req, GenerationTimeout("the request was cancelled or timed out before it started")))
                 continue
             if room <= 0:
@@ -236,6 +266,7 @@ class ContinuousScheduler:
                 self.counters["joined_running"] += len(reqs)
             self.counters["rows_" + b.mode] += len(reqs)
             for i, r in zip(ids, reqs):
+                r.status = RowStatus.REPAIRING if r.plan is not None else RowStatus.RUNNING
                 r.admitted = now
                 r.t0 = now if r.t0 is None else r.t0
                 b.rows[i] = r
@@ -248,7 +279,7 @@ class ContinuousScheduler:
         """Admit, run one canvas of every batch, and return ``(request, result)`` for every row
         that finished: a :class:`~dgemma_struct.results.GenerationResult`, a typed error, or a
         :class:`BatchFailed`."""
-        done = self._admit()
+        done = self.admit()
         for b in list(self.batches):
             rows, t0 = b.canvas.size, time.perf_counter()
             try:
@@ -274,6 +305,8 @@ class ContinuousScheduler:
                     done.append(out)
             if b.canvas.size == 0:
                 self.batches.remove(b)
+        for req, res in done:
+            req.status = _status_of(req, res)
         return done
 
     def _canvas_hook(self, b: _Batch) -> Callable[[int, torch.Tensor, list[int]], None] | None:
@@ -335,10 +368,12 @@ class ContinuousScheduler:
                 empty = session.no_room(prefix)
                 if empty is None:   # a repair (or the AR fallback) joins the batches as a new row
                     self.counters["repair_rows"] += 1
+                    req.status = RowStatus.REPAIRING   # superseded by the repair row below
                     self.waiting.insert(0, RowRequest(
                         prompt_ids=session.prompt_ids + prefix, max_new_tokens=session.opts.max_new_tokens - len(prefix),
                         seed=session.attempt_seed(k), session=session, temperature=req.temperature, top_p=req.top_p,
                         stop=req.stop, tag=req.tag, prefix=list(prefix), t0=req.t0, plan=req.plan,
+                        status=RowStatus.REPAIRING,
                         mode="auto" if req.mode == "auto" and mode == "diffusion" else mode))
                     return None
                 ask = req.plan.send(empty)

@@ -34,7 +34,7 @@ class RowClock:
     def admit(sched: Any) -> list[tuple[Any, Any]]:
         """Admit the waiting rows now (what ``sched.step()`` does first; it then admits nothing
         more), so the snapshot covers the canvas they run in. ``[]`` for a scheduler without it."""
-        admit = getattr(sched, "_admit", None)
+        admit = getattr(sched, "admit", None)
         return admit() if admit is not None else []
 
     @staticmethod
