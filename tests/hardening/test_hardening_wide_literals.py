@@ -23,7 +23,11 @@ CASES = [  # (schema, the wide value every output must hold, where)
       "required": ["n", "a"], "additionalProperties": False}, -W, ["a"]),
     ({"type": "array", "items": {"type": "integer", "const": W}, "minItems": 1, "maxItems": 2}, W, [0]),
     ({"anyOf": [{"type": "integer", "const": W}, {"type": "null"}]}, None, []),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/w"}}, "required": ["a"],   # a pydantic-style model
+      "$defs": {"w": {"type": "object", "properties": {"v": {"const": W}}, "required": ["v"]}}}, W, ["a", "v"]),
 ]
+TREE = {"$defs": {"node": {"type": "object", "properties": {"v": {"const": -W}, "kids": {
+    "type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 1}}, "required": ["v"]}}, "$ref": "#/$defs/node"}
 
 _GEN = textwrap.dedent('''
     import json, sys
@@ -33,12 +37,12 @@ _GEN = textwrap.dedent('''
     rt = tiny_runtime()
     for s in json.loads(sys.stdin.read()):
         print("RUN", json.dumps(s), flush=True)
-        try:
-            for seed in (0, 1):
+        for seed in (0, 1):
+            try:
                 v = ds.generate_json("x", s, runtime=rt, max_new_tokens=160, max_repairs=0, fallback=False, seed=seed)
                 print("VALUE", json.dumps(v), flush=True)
-        except DgemmaStructError as e:
-            print("VALUE", json.dumps({"typed": type(e).__name__, "msg": str(e)[:200]}), flush=True)
+            except DgemmaStructError as e:
+                print("VALUE", json.dumps({"typed": type(e).__name__, "msg": str(e)[:200]}), flush=True)
 ''')
 
 
@@ -85,13 +89,20 @@ def test_the_grammar_spells_wide_literals_as_quoted_text(rt):
         assert not c.matches(str(W + 1) if "properties" not in schema else "{\"a\":" + str(W + 1) + "}")
 
 
-def test_wide_literals_the_lark_form_cannot_reach_still_compile(rt):
-    """Behind ``$ref`` or under ``not`` the literal stays out of the grammar (the superset, validated)."""
+def test_a_recursive_ref_keeps_the_literal_exact_at_every_level(rt):
     from dgemma_struct.constraints import compile_constraint
 
-    ref = {"type": "object", "properties": {"a": {"$ref": "#/$defs/w"}}, "required": ["a"],
-           "$defs": {"w": {"const": W}}}
-    c = compile_constraint(ref, tokenizer=rt.tokenizer)
-    assert c.matches(json.dumps({"a": W}, separators=(",", ":"))) and not c.matches("{\"a\":5}")
+    c = compile_constraint(TREE, tokenizer=rt.tokenizer)
+    assert json.dumps(str(-W)) in c.grammar
+    assert c.matches(f'{{"v":{-W},"kids":[{{"v":{-W},"kids":[]}}]}}')
+    assert not c.matches(f'{{"v":{-W},"kids":[{{"v":5}}]}}') and not c.matches(f'{{"v":{-W},"kids":[{{}},{{}}]}}')
+
+
+def test_wide_literals_the_lark_form_cannot_reach_still_compile(rt):
+    """Under ``not`` or in a tuple the literal stays out of the grammar (the superset; validation decides)."""
+    from dgemma_struct.constraints import compile_constraint
+
     c = compile_constraint({"type": "integer", "not": {"const": W}}, tokenizer=rt.tokenizer)
     assert c.matches("5") and not c.matches(str(W))
+    c = compile_constraint({"type": "array", "prefixItems": [{"const": W}], "items": False}, tokenizer=rt.tokenizer)
+    assert c.matches(f"[{W}]") and not c.matches("[5]")

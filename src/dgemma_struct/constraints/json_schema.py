@@ -279,7 +279,10 @@ def _exact_literals(g: Any, marks: list, opts: dict, lltok: Any, limits: Any, gr
     if exact is None:
         return grammar, matcher
     with engine_guard("compiling exact wide literals"):
-        m = llg.LLMatcher(lltok, exact, log_level=0, limits=limits)
+        try:
+            m = llg.LLMatcher(lltok, exact, log_level=0, limits=limits)
+        except (ValueError, TypeError, OverflowError):  # the superset grammar still serves
+            return grammar, matcher
         return (grammar, matcher) if m.is_error() else (exact, m)
 
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from dgemma_struct.errors import GrammarError
 
-from .safety import MAX_SCHEMA_DEPTH, WIDE, clip, has_wide_number, is_wide_number
+from .safety import (ANNOTATIONS, JSON_TYPE_OF, MAX_SCHEMA_DEPTH, WIDE, clip, drop_wide_literals, has_wide_number,
+                     is_wide_number)
 
 __all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "decimal_step_copy", "MAX_ENUMERATED_MULTIPLES", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
            "lone_surrogate", "is_ecma_regex", "drop_wide_literals", "exact_literal_grammar"]
@@ -200,54 +201,6 @@ def is_ecma_regex(pattern: Any, default: bool = True) -> bool:
 # ----------------------------------------------------------------------------------------------
 # wide literals: out of the JSON grammar copy, back in as exact Lark text
 # ----------------------------------------------------------------------------------------------
-_TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
-            type(None): "null"}
-_STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "allOf", "anyOf",
-               "oneOf", "prefixItems", "items", "additionalProperties", "additionalItems", "contains", "not", "if",
-               "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
-_ANNOTATIONS = ("default", "examples", "$comment", "title", "description")
-
-
-def _written_here(path: tuple) -> bool:
-    """Whether a subschema at ``path`` describes a value the output spells out (reached through
-    ``properties`` / ``items`` / ``anyOf`` / ``oneOf`` / ``allOf`` only; not ``not``, ``$defs``, ...)."""
-    i = 0
-    while i < len(path):
-        kw = path[i]
-        if kw in ("properties", "anyOf", "oneOf", "allOf"):
-            i += 2
-        elif kw == "items":
-            i += 1
-        else:
-            return False
-    return True
-
-
-def drop_wide_literals(s: dict, dropped: list[str] | None, float_values: bool = True, path: tuple = (),
-                       marks: list | None = None) -> None:
-    """Keep numbers llguidance cannot take (:func:`is_wide_number`) out of the grammar copy: the keyword
-    holding one is removed (``const``/``enum`` leave their values' types behind), so the JSON grammar is
-    a superset and validation, exact for Python ints, enforces the keyword. A removed ``const`` /
-    ``enum`` is noted in ``marks`` as ``(subschema, keyword, values, written)`` (``written``: an
-    instance is spelled out there), for :func:`exact_literal_grammar`.
-    ``float_values``: wide floats in ``const`` / ``enum`` count too (always for bounds): needed where
-    the schema says ``integer`` anywhere (the engine reads them as 64-bit integers there)."""
-    for kw in [k for k in s if k not in _STRUCTURAL]:
-        v = s[kw]
-        if not has_wide_number(v, floats=float_values or kw not in ("const", "enum")):
-            continue
-        s.pop(kw)
-        if kw in ("const", "enum"):
-            vals = [v] if kw == "const" else (v if isinstance(v, list) else [])
-            types = sorted({_TYPE_OF.get(type(x), "string") for x in vals})
-            if types and "type" not in s:
-                s["type"] = types[0] if len(types) == 1 else types
-            if marks is not None:
-                marks.append((s, kw, vals, _written_here(path)))
-        if dropped is not None and kw not in _ANNOTATIONS:
-            dropped.append(kw)
-
-
 _MARK = "x-dgemma-literals"
 _MAX_REPEAT = 64
 
@@ -261,7 +214,7 @@ def _fits(v: Any, t: Any) -> bool:
     if t is None:
         return True
     names = t if isinstance(t, list) else [t]
-    own = _TYPE_OF.get(type(v), "string")
+    own = JSON_TYPE_OF.get(type(v), "string")
     integral = own == "integer" or (own == "number" and float(v).is_integer())
     return own in names or (own == "integer" and "number" in names) or (integral and "integer" in names)
 
@@ -272,8 +225,8 @@ def exact_literal_grammar(g: dict, marks: list, opts: dict) -> str | None:
     never reads them as numbers, so nothing near ``+-2**63`` reaches it as one). The structure down to
     those literals (``properties``, ``items``, ``anyOf`` / ``oneOf``, one-schema ``allOf``, type lists)
     is written as Lark rules, every other subschema stays ``%json`` (``opts``: its ``x-guidance``).
-    Objects list their declared properties in order (a subset: validation still decides). None when a
-    literal sits where this cannot reach it (behind ``$ref``, tuples, ...)."""
+    Objects list their declared properties in order (a subset: validation still decides); local
+    ``$ref`` s become rules. None when a literal sits where this cannot reach it (tuples, ``not``, ...)."""
     for s, kw, vals, written in marks:
         if written and (kw == "const" or _MARK not in s):
             s[_MARK] = vals
@@ -282,33 +235,48 @@ def exact_literal_grammar(g: dict, marks: list, opts: dict) -> str | None:
     finally:
         for s, *_ in marks:
             s.pop(_MARK, None)
-    builder = _LiteralGrammar(marked, opts)
+    builder = _LiteralGrammar(marked, g, opts)
     if not builder.marked(marked):
         return None
     try:
-        return builder.build()
+        text = builder.build()
     except (_Unsupported, RecursionError, TypeError, ValueError):
         return None
+    return None if lone_surrogate(text) is not None else text  # text the engine could not take
 
 
 class _LiteralGrammar:
-    def __init__(self, root: dict, opts: dict):
-        self.root, self.opts, self.rules, self.n = root, opts, [], 0
+    """``root``: the marked copy (structure); ``plain``: the grammar copy (``$defs`` of the ``%json`` leaves)."""
+
+    def __init__(self, root: dict, plain: dict, opts: dict):
+        self.root, self.opts, self.rules, self.n, self.refs = root, opts, [], 0, {}
         self.item = opts.get("item_separator") or ","
         self.key = opts.get("key_separator") or ":"
-        self.shared = {k: root[k] for k in ("$defs", "definitions", "$schema") if k in root}
+        self.shared = {k: plain[k] for k in ("$defs", "definitions", "$schema") if k in plain}
         self.memo: dict[int, tuple[Any, bool]] = {}
 
     def marked(self, x: Any) -> bool:
-        """Whether ``x`` holds a literal mark (memoised per object, the object kept alive with it)."""
+        """Whether ``x`` holds a literal mark, local ``$ref`` s followed (memoised per object, kept alive
+        with it; inside a ``$ref`` cycle a node may read unmarked: then it stays ``%json``, a superset)."""
         if isinstance(x, list):
             return any(self.marked(v) for v in x)
         if not isinstance(x, dict):
             return False
         hit = self.memo.get(id(x))
         if hit is None:
-            hit = self.memo[id(x)] = (x, _MARK in x or any(self.marked(v) for v in x.values()))
+            self.memo[id(x)] = (x, False)
+            hit = self.memo[id(x)] = (x, _MARK in x or any(self.marked(v) for v in x.values())
+                                      or self.marked(self.target(x.get("$ref"))))
         return hit[1]
+
+    def target(self, ref: Any) -> Any:
+        """The subschema of the marked copy a local ``$ref`` (``#/...``) names, or None."""
+        if not (isinstance(ref, str) and ref.startswith("#/")):
+            return None
+        cur: Any = self.root
+        for part in ref[2:].split("/"):
+            cur = cur.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(cur, dict) else None
+        return cur
 
     def build(self) -> str:
         top = self.expr(self.root, 0)
@@ -327,7 +295,10 @@ class _LiteralGrammar:
         for k, v in self.shared.items():
             body.setdefault(k, v)
         body["x-guidance"] = self.opts
-        return "%json " + json.dumps(body, ensure_ascii=False)
+        text = json.dumps(body, ensure_ascii=False)
+        if _MARK in text:  # never: a mark holds the numbers the engine must not read
+            raise _Unsupported
+        return "%json " + text
 
     def expr(self, node: Any, depth: int) -> str:
         if depth > 64:
@@ -339,7 +310,16 @@ class _LiteralGrammar:
             if not vals:
                 raise _Unsupported
             return "(" + " | ".join(self.lit(v) for v in vals) + ")"
-        if "$ref" in node or "prefixItems" in node:
+        if "$ref" in node:
+            if self.target(node["$ref"]) is None or set(node) - {"$ref", "$defs", "definitions", "$schema",
+                                                                   *ANNOTATIONS}:
+                raise _Unsupported
+            name = self.refs.get(node["$ref"])
+            if name is None:
+                name = self.refs[node["$ref"]] = self.fresh()
+                self.rules.append(f"{name}: {self.expr(self.target(node['$ref']), depth + 1)}")
+            return name
+        if "prefixItems" in node:
             raise _Unsupported
         for kw in ("anyOf", "oneOf", "allOf"):
             subs = node.get(kw)
@@ -393,5 +373,5 @@ class _LiteralGrammar:
         name = self.fresh()
         self.rules.append(f"{name}: {self.expr(items, depth + 1)}")
         top = "" if hi is None or hi > _MAX_REPEAT else str(hi - 1)
-        body = f'{name} ({json.dumps(self.item)} {name}){{{max(lo - 1, 0)},{top}}}'
+        body = name if hi == 1 else f'{name} ({json.dumps(self.item)} {name}){{{max(lo - 1, 0)},{top}}}'
         return f'"[" {body} "]"' if lo else f'"[" ({body})? "]"'

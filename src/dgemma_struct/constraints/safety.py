@@ -41,7 +41,8 @@ from dgemma_struct.errors import ConstraintEngineError, DgemmaStructError, Schem
 __all__ = ["MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "MAX_SPEC_BYTES", "MAX_ERROR_CHARS", "check_schema_input",
            "is_wide_int", "has_wide_int", "is_wide_number", "has_wide_number", "WIDE", "engine_guard", "guarded",
            "is_native_panic", "clip", "check_ref_cycles",
-           "PARSER_LIMITS", "parser_limits", "LIMIT_WORDS", "is_limit_error"]
+           "PARSER_LIMITS", "parser_limits", "LIMIT_WORDS", "is_limit_error", "drop_wide_literals", "JSON_TYPE_OF",
+           "ANNOTATIONS"]
 
 #: most nested containers (dicts / lists) in a schema; JSONSchemaBench's deepest has 63, the engine
 #: refuses about 125 (its JSON reader's recursion limit)
@@ -312,6 +313,51 @@ def check_ref_cycles(schema: Any, subs: list | None = None) -> None:
             if c == WHITE:
                 color[id(nxt)] = GREY
                 stack.append((nxt, edges(nxt)))
+
+
+# ---------------------------------------------------------------------- wide literals out of the JSON grammar copy
+JSON_TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+                type(None): "null"}
+_STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "allOf", "anyOf",
+               "oneOf", "prefixItems", "items", "additionalProperties", "additionalItems", "contains", "not", "if",
+               "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
+ANNOTATIONS = ("default", "examples", "$comment", "title", "description")
+
+
+def _written_here(path: tuple) -> bool:
+    """Whether a subschema at ``path`` describes a value the output spells out (reached through a root
+    ``$defs`` entry, ``properties``, ``items``, ``anyOf`` / ``oneOf`` / ``allOf`` only; not ``not``, ...)."""
+    i = 2 if path[:1] in (("$defs",), ("definitions",)) else 0
+    while i < len(path):
+        if path[i] not in ("properties", "anyOf", "oneOf", "allOf", "items"):
+            return False
+        i += 1 if path[i] == "items" else 2
+    return True
+
+
+def drop_wide_literals(s: dict, dropped: list[str] | None, float_values: bool = True, path: tuple = (),
+                       marks: list | None = None) -> None:
+    """Keep numbers llguidance cannot take (:func:`is_wide_number`) out of the grammar copy: the keyword
+    holding one is removed (``const``/``enum`` leave their values' types behind), so the JSON grammar is
+    a superset and validation, exact for Python ints, enforces the keyword. A removed ``const`` /
+    ``enum`` is noted in ``marks`` as ``(subschema, keyword, values, written)`` (``written``: an
+    instance is spelled out there), for :func:`.literals.exact_literal_grammar`.
+    ``float_values``: wide floats in ``const`` / ``enum`` count too (always for bounds): needed where
+    the schema says ``integer`` anywhere (the engine reads them as 64-bit integers there)."""
+    for kw in [k for k in s if k not in _STRUCTURAL]:
+        v = s[kw]
+        if not has_wide_number(v, floats=float_values or kw not in ("const", "enum")):
+            continue
+        s.pop(kw)
+        if kw in ("const", "enum"):
+            vals = [v] if kw == "const" else (v if isinstance(v, list) else [])
+            types = sorted({JSON_TYPE_OF.get(type(x), "string") for x in vals})
+            if types and "type" not in s:
+                s["type"] = types[0] if len(types) == 1 else types
+            if marks is not None:
+                marks.append((s, kw, vals, _written_here(path)))
+        if dropped is not None and kw not in ANNOTATIONS:
+            dropped.append(kw)
 
 
 # ----------------------------------------------------------------------------------------------
