@@ -25,8 +25,8 @@ from typing import Any
 
 from dgemma_struct.errors import GrammarError
 
-from .safety import (ANNOTATIONS, JSON_TYPE_OF, MAX_SCHEMA_DEPTH, WIDE, clip, drop_wide_literals, has_wide_number,
-                     is_wide_number)
+from .safety import (ANNOTATIONS, JSON_TYPE_OF, MAX_SCHEMA_DEPTH, STRUCTURAL, WIDE, clip, drop_wide_literals,
+                     has_wide_number, is_wide_number)
 
 __all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "decimal_step_copy", "MAX_ENUMERATED_MULTIPLES", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
            "lone_surrogate", "is_ecma_regex", "drop_wide_literals", "exact_literal_grammar"]
@@ -336,6 +336,8 @@ class _LiteralGrammar:
             return self.object(node, depth)
         if t == "array" or (t is None and "items" in node):
             return self.array(node, depth)
+        if t in ("null", "boolean", "string", "number", "integer"):  # a scalar branch of a type list
+            return self.leaf({k: v for k, v in node.items() if k not in STRUCTURAL})
         raise _Unsupported
 
     def object(self, node: dict, depth: int) -> str:

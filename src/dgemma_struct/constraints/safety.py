@@ -42,7 +42,7 @@ __all__ = ["MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "MAX_SPEC_BYTES", "MAX_ERROR_
            "is_wide_int", "has_wide_int", "is_wide_number", "has_wide_number", "WIDE", "engine_guard", "guarded",
            "is_native_panic", "clip", "check_ref_cycles",
            "PARSER_LIMITS", "parser_limits", "LIMIT_WORDS", "is_limit_error", "drop_wide_literals", "JSON_TYPE_OF",
-           "ANNOTATIONS"]
+           "ANNOTATIONS", "STRUCTURAL"]
 
 #: most nested containers (dicts / lists) in a schema; JSONSchemaBench's deepest has 63, the engine
 #: refuses about 125 (its JSON reader's recursion limit)
@@ -318,9 +318,9 @@ def check_ref_cycles(schema: Any, subs: list | None = None) -> None:
 # ---------------------------------------------------------------------- wide literals out of the JSON grammar copy
 JSON_TYPE_OF = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
                 type(None): "null"}
-_STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "allOf", "anyOf",
-               "oneOf", "prefixItems", "items", "additionalProperties", "additionalItems", "contains", "not", "if",
-               "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
+STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "allOf", "anyOf",
+              "oneOf", "prefixItems", "items", "additionalProperties", "additionalItems", "contains", "not", "if",
+              "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems"}
 ANNOTATIONS = ("default", "examples", "$comment", "title", "description")
 
 
@@ -344,7 +344,7 @@ def drop_wide_literals(s: dict, dropped: list[str] | None, float_values: bool = 
     instance is spelled out there), for :func:`.literals.exact_literal_grammar`.
     ``float_values``: wide floats in ``const`` / ``enum`` count too (always for bounds): needed where
     the schema says ``integer`` anywhere (the engine reads them as 64-bit integers there)."""
-    for kw in [k for k in s if k not in _STRUCTURAL]:
+    for kw in [k for k in s if k not in STRUCTURAL]:
         v = s[kw]
         if not has_wide_number(v, floats=float_values or kw not in ("const", "enum")):
             continue
