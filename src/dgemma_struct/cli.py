@@ -227,12 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (env DGEMMA_STRUCT_API_KEY)")
     p.add_argument("--max-batch-size", type=_POS_INT, default=None,
                    help="rows running at once (default 8)")
-    p.add_argument("--batching", choices=("continuous", "static"), default=None,
-                   help="continuous (default): requests join and leave a running batch between canvases; "
-                        "static: batches formed in the queue run to their end")
+    p.add_argument("--batching", choices=("continuous",), default=None,
+                   help="continuous (the only road): requests join and leave a running batch between canvases "
+                        "(kept for old scripts; 'static' was removed)")
     p.add_argument("--mode-choice", choices=("requested", "auto"), default=None,
                    help="requested (default): diffusion; auto: each new batch runs diffusion or AR, whichever "
-                        "measured more finished rows per second at the current load (continuous batching only)")
+                        "measured more finished rows per second at the current load")
     p.add_argument("--max-wait-ms", type=_bounded(float, 0), default=None, help="batching window (default 10 ms)")
     p.add_argument("--max-queue", type=_POS_INT, default=None, help="waiting requests before 429 (default 64)")
     p.add_argument("--timeout", type=_POS_FLOAT, default=None, help="per-request timeout in seconds (default 60)")

@@ -272,3 +272,23 @@ def test_a_repair_row_is_repairing(embedded_runtime):
         statuses += [r.status for b in sched.batches for r in b.rows.values()] + [r.status for r in sched.waiting]
     assert RowStatus.REPAIRING in statuses and calls["n"] >= 2
     assert [req.status for req, _ in out] == [RowStatus.DONE]
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_free_text_rows_record_logprobs_as_alone(embedded_runtime, mode):
+    """A free-text row with ``logprobs`` next to a constrained row: its tokens and entries are the
+    runtime's for the row alone (the server's free-text logprobs run on this road)."""
+    rt = embedded_runtime
+    ids = rt.encode_prompt("Say hello.")
+    alone = rt.generate_ids([ids], max_new_tokens=20, seed=[4], mode=mode, logprobs=3)[0]
+    sched = ContinuousScheduler(rt)
+    sched.submit(_request(rt, PROMPTS[0], NOTES, seed=1, max_new_tokens=64, mode=mode))
+    sched.submit(RowRequest(prompt_ids=ids, max_new_tokens=20, seed=4, mode=mode, logprobs=3, tag="free"))
+    results = {}
+    while not sched.idle:
+        results.update({req.tag: res for req, res in sched.step()})
+    free = results["free"]
+    assert free.token_ids == alone.token_ids
+    assert [e.token_id for e in free.logprobs] == free.token_ids
+    assert all(abs(a.logprob - b.logprob) < 2e-3 for a, b in zip(free.logprobs, alone.logprobs))
+    assert [len(e.top_logprobs) for e in free.logprobs] == [len(e.top_logprobs) for e in alone.logprobs]

@@ -199,16 +199,15 @@ def test_verdicts_are_shared_between_servers(rt, monkeypatch):
     assert len(calls) == 1
 
 
-@pytest.mark.parametrize("batching", ["continuous", "static"])
-def test_stats_and_counters_are_filled_on_every_path(rt, batching):
-    with running_app(rt, batching=batching, max_tokens_cap=64) as (url, _):
+def test_stats_and_counters_are_filled_on_every_path(rt):
+    with running_app(rt, max_tokens_cap=64) as (url, _):
         plain = httpx.post(url + "/v1/chat/completions", json=JSON, timeout=60).json()["dgemma_stats"]
         free = httpx.post(url + "/v1/chat/completions", timeout=60,
                           json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}).json()["dgemma_stats"]
         streamed = httpx.post(url + "/v1/chat/completions", json={**JSON, "stream": True}, timeout=60).text
         last = [json.loads(line[6:]) for line in streamed.splitlines()
                 if line.startswith("data: {") and "dgemma_stats" in line][-1]["dgemma_stats"]
-        for stats in (free,) + ((plain, last) if batching == "continuous" else ()):
+        for stats in (free, plain, last):
             assert stats["model_s"] > 0 and stats["denoising_steps"] > 0, stats
             assert stats["other_s"] == pytest.approx(max(0.0, stats["wall_s"] - stats["model_s"]), abs=1e-6)
         assert plain["denoising_steps"] > 0 and last["forward_passes"] > 0

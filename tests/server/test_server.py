@@ -348,11 +348,11 @@ def test_a_cancelled_row_leaves_a_running_batch():
         c = constraint_for(schema, rt)
         jobs = [Job(p, c, 48, 0, time.monotonic() + 60, loop, future=loop.create_future()) for p in ("a", "b")]
         jobs[1].deadline = time.monotonic()  # its deadline passes as the batch starts
-        results = []
+        got = {}
         for j in jobs:
-            j.resolve = results.append  # capture what the worker hands back
-        b._run_group(jobs)
-        assert isinstance(results[1], GenerationTimeout)
-        assert not isinstance(results[0], Exception)
+            j.resolve = lambda v, j=j: got.__setitem__(j.prompt, v)  # capture what the worker hands back
+        b.run_jobs(jobs)
+        assert isinstance(got["b"], GenerationTimeout)
+        assert not isinstance(got["a"], Exception)
     finally:
         loop.close()

@@ -105,6 +105,16 @@ class GuideLogprobs:
         row.lp.extend(entries_from_logits(rows, [token], row.lp_top))
 
     @staticmethod
+    def record_free(row: Any, logits: torch.Tensor | None, committed: torch.Tensor, L: int) -> None:
+        """A free-text row at the end of a canvas: an entry per position from the last step's
+        ``logits`` (``[L, V]``; the committed token is their argmax), or ``None`` x ``L`` when the
+        row took no part in the canvas (:func:`kept_entries` aligns them with the kept tokens)."""
+        if logits is None:
+            row.lp.extend([None] * L)
+        else:
+            row.lp.extend(entries_from_logits(logits, committed.tolist(), row.lp_top))
+
+    @staticmethod
     def kept(row: Any, stops: Sequence[int]) -> list[TokenLogprob]:
         """``row``'s entries without stop tokens (as the row's outcome drops them)."""
         return [e for e in row.lp if e.token_id not in stops]

@@ -326,6 +326,9 @@ class ConstraintGuide(ARMasking):
         for b, r in enumerate(self.rows):
             w = r.walker
             if w is None:
+                if r.lp_top is not None:   # a free-text row that records: every position, as committed
+                    self.lp.record_free(r, view.logits[b] if view.logits.numel() and act[b] else None,
+                                        committed[b], L)
                 continue
             guided[b] = True
             f = r.n_frozen

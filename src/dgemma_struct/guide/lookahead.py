@@ -123,7 +123,15 @@ class ARMasking:
     def ar_token(self, tokens: torch.Tensor, active: torch.Tensor) -> None:
         t0 = time.perf_counter()
         rows = self._ar_rows(active)
-        toks = tokens.tolist() if rows else []
+        free = [b for b, r in enumerate(self.rows) if r.walker is None and r.lp_top is not None]
+        toks = tokens.tolist() if rows or free else []
+        if free:   # free-text rows that record: one entry per step (None once the row has finished)
+            act = active.tolist()
+            for b in free:
+                if act[b]:
+                    self.lp.record_ar(self.rows[b], b, toks[b])
+                else:
+                    self.rows[b].lp.append(None)
         for b in rows:
             if self.rows[b].lp_top is not None:
                 self.lp.record_ar(self.rows[b], b, toks[b])

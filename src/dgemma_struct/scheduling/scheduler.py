@@ -41,6 +41,7 @@ import torch
 
 from dgemma_struct.engine.autoregressive import ARBatch
 from dgemma_struct.engine.canvas import CanvasBatch, FinishedRow
+from dgemma_struct.engine.token_logprobs import kept_entries, named
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.options import check_deadline
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
@@ -88,6 +89,7 @@ class RowRequest:
     on_canvas: Callable[[list[int]], None] | None = None
     tag: Any = None
     mode: str = "diffusion"            # "diffusion", "ar", or "auto" (the scheduler picks per batch)
+    logprobs: int | None = None        # free text: record each token's logprob and this many alternatives
     prefix: list[int] = field(default_factory=list)   # a repair: the kept tokens it continues from
     # set by the scheduler
     status: RowStatus = RowStatus.WAITING
@@ -95,6 +97,7 @@ class RowRequest:
     t0: float | None = None            # when its first attempt joined (the request's wall time)
     plan: Generator | None = field(default=None, repr=False)   # the session's attempts, once started
     guide: ConstraintGuide | None = field(default=None, repr=False)
+    row: RowState | None = field(default=None, repr=False)   # its state in the running batch
     tokens: list[int] = field(default_factory=list, repr=False)
 
 
@@ -210,21 +213,30 @@ class ContinuousScheduler:
 
     def _row_state(self, req: RowRequest) -> RowState:
         if req.session is None:
-            return RowState(None, stop=req.stop)
+            req.row = RowState(None, stop=req.stop, lp_top=req.logprobs)
+            return req.row
         req.guide = req.session.guide_for(req.prefix)   # its own guide: ``outcome(0)`` reads the shared row
-        row = req.guide.rows[0]
-        row.stop = req.stop
-        return row
+        req.row = req.guide.rows[0]
+        req.row.stop = req.stop
+        return req.row
 
     def admit(self) -> list[tuple[RowRequest, Any]]:
         """Admit the waiting requests into batches now (what :meth:`step` does first); returns the
-        ``(request, error)`` of those that were cancelled before they started."""
+        ``(request, error)`` of those that were cancelled (or whose stop poll raised) before they started."""
         out: list[tuple[RowRequest, Any]] = []
         still: list[RowRequest] = []
         room = self.max_rows - self.running
         joining: dict[int, list[RowRequest]] = {}
         for req in self.waiting:
-            if req.stop is not None and req.stop():
+            try:
+                stopped = req.stop is not None and req.stop()
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as err:  # noqa: BLE001 - a caller's poll that breaks fails its row only
+                req.status = RowStatus.FAILED
+                out.append((req, err))
+                continue
+            if stopped:
                 self.counters["cancelled"] += 1
                 req.status = RowStatus.CANCELLED
                 out.append((req, GenerationTimeout("the request was cancelled or timed out before it started")))
@@ -347,6 +359,9 @@ class ContinuousScheduler:
             if req.stop is not None and req.stop():
                 return req, GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
             res.value = res.text
+            if req.logprobs is not None:
+                res.logprobs = named(kept_entries(req.row.lp, row.tokens.tolist(), self.rt.pad_token_id,
+                                                  len(res.token_ids)), self.rt.tokenizer)
             return req, res
         if req.guide.outcome(0).cut:
             return req, GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")

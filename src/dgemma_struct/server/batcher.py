@@ -1,26 +1,24 @@
 """Batching: requests from the event loop are queued and run by ONE worker thread that owns the
 model. The event loop never runs model code (docs/server.md, "Concurrency and limits").
 
-* ``batching="continuous"`` (default): requests join a running diffusion batch between canvases
-  and leave it as soon as they finish (:class:`~dgemma_struct.scheduling.scheduler.ContinuousScheduler`);
-  streams are rows like the others (each committed canvas becomes an event); ``max_batch_size``
-  caps the rows running at once; requests with ``logprobs`` run the static way;
-  ``mode_choice="auto"``: each new batch runs diffusion or AR, whichever measured more finished
-  rows per second at the current load (:mod:`dgemma_struct.scheduling.mode_choice`).
-* ``batching="static"``: the first waiting request, plus whatever arrives within ``max_wait_ms``
-  (up to ``max_batch_size`` rows), runs as one :func:`dgemma_struct.api.generate_batch` call.
+* One batch road: every request (constrained or free text, with or without ``logprobs``, streamed
+  or not) is a row of one :class:`~dgemma_struct.scheduling.scheduler.ContinuousScheduler`: rows
+  join a running batch between canvases and leave it as soon as they finish; streams are rows like
+  the others (each committed canvas becomes an event); ``max_batch_size`` caps the rows running at
+  once; ``mode_choice="auto"``: each new batch runs diffusion or AR, whichever measured more
+  finished rows per second at the current load (:mod:`dgemma_struct.scheduling.mode_choice`).
 * ``max_queue``: a full queue is refused at once (:class:`QueueFull` -> HTTP 429).
 * Timeouts: ``timeout_s`` counts from when a request starts *running*; the wait in the queue is
   bounded by ``queue_timeout_s``. A request whose caller gave up is dropped when the worker
   reaches it, or at the next denoising step when it is running.
-* Failure containment: a batch (or canvas) that fails as a whole reruns each row alone, so only
-  the row that caused it fails; native errors (``PanicException``) become a typed
+* Failure containment: a canvas that fails as a whole reruns each of its rows in a batch of its
+  own, so only the row that caused it fails; native errors (``PanicException``) become a typed
   :class:`~dgemma_struct.errors.ConstraintEngineError`; the worker thread survives anything.
 * Seeds: every row has its own seed and generator; ``seed=None`` is a fresh random seed per row.
-* Observability: each finished row is reported to ``metrics`` (:mod:`.metrics`); on the
-  continuous path each row's share of model and constraint time goes into its stats (:mod:`.rowclock`).
+* Observability: each finished row is reported to ``metrics`` (:mod:`.metrics`); each row's share
+  of model and constraint time goes into its stats (:mod:`.rowclock`).
 
-The jobs are in :mod:`.jobs`, the SDK calls the worker makes in :mod:`.generation`.
+The jobs are in :mod:`.jobs`; a job becomes a scheduler row in :mod:`.generation`.
 
 Example::
 
@@ -42,8 +40,8 @@ from dgemma_struct.results import CanvasEvent, GenerationResult
 from dgemma_struct.runtime import DiffusionRuntime
 
 from .http_errors import QueueFull, ShuttingDown
-from .generation import constrained_rows, free_text_rows, group_seed, per_row_seeds, row_request, stream_events
-from .jobs import DONE, Job, collect, take, typed_error
+from .generation import row_request
+from .jobs import DONE, Job, take, typed_error
 from .rowclock import RowClock, fill_stats
 
 __all__ = ["Batcher", "Job", "QueueFull", "ShuttingDown"]
@@ -57,13 +55,13 @@ class Batcher:
                  batching: str = "continuous", mode_choice: str = "requested", metrics: Any = None):
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be >= 1")
-        if batching not in ("continuous", "static"):
-            raise ValueError(f"batching must be 'continuous' or 'static', got {batching!r}")
+        if batching != "continuous":
+            raise ValueError(f"batching must be 'continuous' (the static road was removed), got {batching!r}")
         if mode_choice not in ("requested", "auto"):
             raise ValueError(f"mode_choice must be 'requested' or 'auto', got {mode_choice!r}")
         self.batching = batching
         self.mode = "auto" if mode_choice == "auto" else "diffusion"
-        self.sched = ContinuousScheduler(runtime, max_rows=max_batch_size) if batching == "continuous" else None
+        self.sched = ContinuousScheduler(runtime, max_rows=max_batch_size)
         self.runtime = runtime
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
@@ -73,7 +71,6 @@ class Batcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.metrics = metrics            # a .metrics.Metrics: each finished row is reported to it
-        self._static_rows = 0
         self.counters = {"batches": 0, "rows": 0, "largest_batch": 0, "dropped": 0, "streams": 0, "errors": 0,
                          "isolated_reruns": 0, "cancelled_rows": 0, "continuous_rows": 0, "canvases": 0}
 
@@ -113,9 +110,9 @@ class Batcher:
     def running_rows(self) -> int:
         """Rows being generated now (read from other threads: a best-effort count)."""
         try:
-            return (self.sched.running + len(self.sched.waiting) if self.sched is not None else 0) + self._static_rows
+            return self.sched.running + len(self.sched.waiting)
         except RuntimeError:   # the batch list changed while it was read
-            return self._static_rows
+            return 0
 
     def _observe(self, job: Job, value: Any) -> None:
         now = time.monotonic()
@@ -206,18 +203,7 @@ class Batcher:
     # ------------------------------------------------------------------ worker side
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self.sched is not None:
-                self._tick()
-                continue
-            batch: list[Job] = []
-            try:
-                batch = collect(self._q, self.max_batch_size, self.max_wait_s)
-                if batch:
-                    self._run_static(batch)
-            except BaseException as err:  # noqa: BLE001 - the worker must survive anything
-                self.counters["errors"] += 1
-                for job in batch:
-                    job.fail(typed_error(err, job))
+            self._tick()
 
     def _live(self, jobs: list[Job]) -> list[Job]:
         """Drops the jobs whose caller went away or whose queue deadline passed."""
@@ -233,45 +219,29 @@ class Batcher:
                 live.append(job)
         return live
 
-    def _run_static(self, batch: list[Job]) -> None:
-        live = self._live(batch)
-        streams = [j for j in live if j.streaming]
-        rows = [j for j in live if not j.streaming]
-        groups: dict[tuple, list[Job]] = {}
-        per_row = per_row_seeds(self.runtime)
-        for j in rows:
-            key = (j.max_new_tokens, j.spec is None, j.sampling, j.thinking, j.max_thinking_tokens,
-                   j.logprobs) + (
-                () if per_row else (j.seed,))
-            groups.setdefault(key, []).append(j)
-        for group in groups.values():
-            self._run_group(group)
-        for j in streams:
-            self._run_stream(j)
+    def _submit(self, sched: ContinuousScheduler, job: Job) -> None:
+        """``job`` as a row of ``sched``; a request that cannot become one fails alone."""
+        try:
+            sched.submit(row_request(self.runtime, job, self.max_repairs, mode=self.mode))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # noqa: BLE001 - a bad request fails alone
+            job.fail(typed_error(err, job))
+            return
+        self.counters["rows"] += 1
+        if job.streaming:
+            self.counters["streams"] += 1
 
-    # ------------------------------------------------------------------ continuous batching
     def _tick(self) -> None:
-        """One round of the continuous worker: take jobs, admit them, run one canvas everywhere,
-        deliver what finished."""
+        """One round of the worker: take jobs, admit them, run one canvas everywhere, deliver what
+        finished."""
         sched = self.sched
         jobs: list[Job] = []
         try:
             jobs = self._live(take(self._q, self.sched, self.max_batch_size, self.max_wait_s))
-            static = [j for j in jobs if j.logprobs is not None]
             for job in jobs:
-                if job.logprobs is not None:
-                    continue
-                try:
-                    sched.submit(row_request(self.runtime, job, self.max_repairs, mode=self.mode))
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except BaseException as err:  # noqa: BLE001 - a bad request fails alone
-                    job.fail(typed_error(err, job))
-                if job.streaming:
-                    self.counters["streams"] += 1
+                self._submit(sched, job)
             jobs = []
-            if static:
-                self._run_static(static)
             if sched.idle:
                 return
             early = RowClock.admit(sched)   # rows join first, so their first canvas is timed too
@@ -286,22 +256,29 @@ class Batcher:
                 req.tag.fail(typed_error(err, req.tag))
             return
         self.counters["canvases"] = sched.counters["canvases"]
+        self.counters["batches"] = sched.counters["batches_opened"]
         self.counters["largest_batch"] = max(self.counters["largest_batch"], sched.counters["largest_batch"])
         self.counters["scheduler"] = dict(sched.counters, mode_rates=sched.chooser.summary())
         for req, res in done:
             self._deliver(req.tag, res)
+
+    def run_jobs(self, jobs: list[Job]) -> None:
+        """Run ``jobs`` to completion on this thread, on a scheduler of their own (the worker's road,
+        without the worker: for tests and tools)."""
+        sched = ContinuousScheduler(self.runtime, max_rows=self.max_batch_size)
+        for job in self._live(jobs):
+            self._submit(sched, job)
+        while not sched.idle:
+            for req, res in sched.step():
+                self._deliver(req.tag, res)
 
     def _deliver(self, job: Job, res: Any) -> None:
         self.counters["continuous_rows"] += 1
         if job.cancelled:
             self.counters["cancelled_rows"] += 1
             return
-        if isinstance(res, BatchFailed):   # the canvas failed as a whole: this row alone, the static way
-            self.counters["isolated_reruns"] += 1
-            if job.streaming:
-                self._run_stream(job)
-            else:
-                self._run_group([job], isolated=True)
+        if isinstance(res, BatchFailed):   # the canvas failed as a whole: this row in a batch of its own
+            self._run_alone(job)
             return
         fill_stats(job, res)
         if isinstance(res, BaseException):
@@ -316,60 +293,23 @@ class Batcher:
                              finish_reason=res.stats.finish_reason, stats=res.stats))
         job.push(DONE)
 
-    def _run_group(self, group: list[Job], *, isolated: bool = False) -> None:
-        """Run a group of non-streaming jobs as one batched loop and resolve each job. When the
-        loop fails as a whole, every row is rerun alone, so only the row that caused it fails."""
-        for j in group:
-            j.start()
-        if not isolated:
-            self.counters["batches"] += 1
-            self.counters["rows"] += len(group)
-            self.counters["largest_batch"] = max(self.counters["largest_batch"], len(group))
-        timeout = max(0.001, max(j.deadline for j in group) - time.monotonic())
-        seed = group_seed(self.runtime, group)
-        self._static_rows = len(group)
+    def _run_alone(self, job: Job) -> None:
+        """A row whose batched canvas failed, rerun in a batch of its own, so only the row that
+        caused the failure fails."""
+        self.counters["isolated_reruns"] += 1
+        solo = ContinuousScheduler(self.runtime, max_rows=1)
         try:
-            if group[0].spec is None:
-                results = free_text_rows(self.runtime, group, seed)
-            else:
-                results = constrained_rows(self.runtime, group, seed, timeout, self.max_repairs)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as err:  # noqa: BLE001 - PanicException is a BaseException
-            if len(group) > 1 and not isinstance(err, GenerationTimeout):
-                # one row broke the batched loop: rerun each row alone, so only that row fails
-                self.counters["isolated_reruns"] += 1
-                for j in group:
-                    if not j.cancelled:
-                        self._run_group([j], isolated=True)
-                return
-            results = [typed_error(err, j) for j in group]
-        finally:
-            self._static_rows = 0
-        for job, res in zip(group, results):
-            if job.cancelled:
-                self.counters["cancelled_rows"] += 1
-            else:
-                fill_stats(job, res)
-                job.resolve(res if not isinstance(res, BaseException) else typed_error(res, job))
-
-    def _run_stream(self, job: Job) -> None:
-        self.counters["streams"] += 1
-        job.start()
-        timeout = max(0.001, job.deadline - time.monotonic())
-        try:
-            events = stream_events(self.runtime, job, timeout)
-            try:
-                for ev in events:
+            solo.submit(row_request(self.runtime, job, self.max_repairs, mode=self.mode))
+            while not solo.idle:
+                for _, res in solo.step():
+                    res = res.cause if isinstance(res, BatchFailed) else res
                     if job.cancelled:
-                        return
-                    if ev.done:
-                        fill_stats(job, ev)
-                    job.push(ev)
-            finally:
-                events.close()
-            job.push(DONE)
+                        self.counters["cancelled_rows"] += 1
+                    elif isinstance(res, BaseException):
+                        job.fail(typed_error(res, job))
+                    else:
+                        self._deliver(job, res)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # noqa: BLE001 - delivered to the request
-            job.push(typed_error(err, job))
+            job.fail(typed_error(err, job))

@@ -22,7 +22,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the id /v1/models reports (default: the runtime's name)
     max_batch_size: int = 8               # rows running at once (continuous) / per batched loop (static)
     max_wait_ms: float = 10.0
-    batching: str = "continuous"          # "continuous" (rows join and leave between canvases) or "static"
+    batching: str = "continuous"          # rows join and leave between canvases (the only road; "static" was removed)
     mode_choice: str = "requested"        # "requested" (diffusion) or "auto": diffusion or AR per batch, by load
     max_queue: int = 64
     request_timeout_s: float = 60.0

@@ -107,29 +107,6 @@ def typed_error(err: BaseException, job: Job) -> BaseException:
     return err if isinstance(err, Exception) else RuntimeError(repr(err))
 
 
-def collect(q: "queue.Queue[Job]", max_batch_size: int, max_wait_s: float) -> list[Job]:
-    """The static worker's next batch: the first waiting job (waits up to 0.1 s), then whatever
-    arrives within ``max_wait_s``, up to ``max_batch_size``; a stream ends the batch."""
-    try:
-        first = q.get(timeout=0.1)
-    except queue.Empty:
-        return []
-    batch = [first]
-    if first.streaming:
-        return batch
-    end = time.monotonic() + max_wait_s
-    while len(batch) < max_batch_size:
-        left = end - time.monotonic()
-        try:
-            job = q.get(timeout=left) if left > 0 else q.get_nowait()
-        except queue.Empty:
-            break
-        batch.append(job)
-        if job.streaming:
-            break
-    return batch
-
-
 def take(q: "queue.Queue[Job]", sched: Any, max_batch_size: int, max_wait_s: float) -> list[Job]:
     """The continuous worker's waiting jobs, at most as many as ``sched`` has room for; an idle
     worker waits up to 0.1 s for the first, then ``max_wait_s`` for more."""
