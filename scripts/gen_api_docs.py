@@ -10,7 +10,8 @@ from pathlib import Path
 
 MODULES = [
     ("dgemma_struct", None),
-    ("dgemma_struct.runtime", ["DiffusionRuntime", "ChatPrompt"]),
+    ("dgemma_struct.runtime", ["DiffusionRuntime"]),
+    ("dgemma_struct.prompts", ["ChatPrompt"]),
     ("dgemma_struct.results", ["GenerationResult", "GenerationStats", "CanvasEvent"]),
     ("dgemma_struct.constraints", ["compile_constraint", "Constraint", "Regex", "Grammar", "Choice", "JsonSchema",
                                    "CanvasWalker", "WalkResult"]),

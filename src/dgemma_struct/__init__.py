@@ -22,7 +22,8 @@ from dgemma_struct.engine.hooks import NullHook, StepHook, StepView
 from dgemma_struct.choice_scores import choice_probabilities
 from dgemma_struct.results import CanvasEvent, ChoiceResult, GenerationResult, GenerationStats, TokenLogprob
 from dgemma_struct.grounding import Grounded, GroundedResult, generate_grounded, generate_grounded_batch
-from dgemma_struct.runtime import ChatPrompt, DiffusionRuntime
+from dgemma_struct.prompts import ChatPrompt
+from dgemma_struct.runtime import DiffusionRuntime
 from dgemma_struct.tools import Tool, ToolCall, ToolCallResult, generate_tool_calls
 
 __version__ = "0.1.0"

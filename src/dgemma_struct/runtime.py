@@ -23,11 +23,8 @@ from dgemma_struct.engine.canvas import LoopOutput, diffusion_loop
 from dgemma_struct.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 from dgemma_struct.engine.hooks import StepHook
 from dgemma_struct.engine.token_logprobs import MAX_TOP_LOGPROBS, FreeTextLogprobs, kept_entries, named
-# the request checks live in ``prompts``; re-exported here as the runtime's face (api and the server
-# import them from here)
-from dgemma_struct.prompts import (MAX_SEED, MAX_TEMPERATURE, MODES, ChatPrompt, Prompt,  # noqa: F401
-                                   chat_messages, check_max_new_tokens, check_prompt_ids, check_sampling,
-                                   check_seed, fresh_seed)
+from dgemma_struct.prompts import (MODES, Prompt, chat_messages, check_max_new_tokens,
+                                   check_prompt_ids, check_sampling, check_seed)
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
 from dgemma_struct.engine.sampler import DiffusionSettings
 

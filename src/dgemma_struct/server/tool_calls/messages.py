@@ -1,12 +1,12 @@
 """Chat messages with tool calls -> what Gemma 4's chat template takes (:func:`template_messages`),
-and the :class:`~dgemma_struct.runtime.ChatPrompt` a tool request generates from."""
+and the :class:`~dgemma_struct.prompts.ChatPrompt` a tool request generates from."""
 from __future__ import annotations
 
 import json
 import secrets
 from typing import Any, Mapping, Sequence
 
-from dgemma_struct.runtime import ChatPrompt
+from dgemma_struct.prompts import ChatPrompt
 
 from ..http_errors import ToolRequestError
 from ..protocol import check_messages, lone_surrogate_at
@@ -133,7 +133,7 @@ def _check_unicode(value: Any) -> None:
 
 
 def chat_prompt(messages: Sequence[Any], tool_req: ToolRequest | None) -> Any:
-    """The :class:`~dgemma_struct.runtime.ChatPrompt` to generate from (declarations in the system turn)."""
+    """The :class:`~dgemma_struct.prompts.ChatPrompt` to generate from (declarations in the system turn)."""
     check_messages(messages)  # before the template: too many / too long messages are refused at once
     return ChatPrompt(messages=template_messages(messages),
                       tools=tool_req.openai_tools() if tool_req is not None else None)
