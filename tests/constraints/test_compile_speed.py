@@ -34,13 +34,13 @@ def test_metaschema_errors_still_reported(hf_tok):
 def test_cache_bounded_by_bytes(hf_tok, monkeypatch):
     comp.cache_clear()
     one = comp._estimate_bytes(compile_constraint({"enum": ["x" * 50]}, tokenizer=hf_tok, use_cache=False))
-    monkeypatch.setattr(comp, "_CACHE_MAX_BYTES", int(3.5 * one))
+    monkeypatch.setattr(comp._cache, "max_bytes", int(3.5 * one))
     for i in range(10):
         compile_constraint({"enum": ["x" * 49 + str(i)]}, tokenizer=hf_tok)
     info = comp.cache_info()
     assert info.currsize == 3 and info.currbytes <= info.maxbytes
     # an entry larger than the whole cache is compiled but not kept
-    monkeypatch.setattr(comp, "_CACHE_MAX_BYTES", 10)
+    monkeypatch.setattr(comp._cache, "max_bytes", 10)
     compile_constraint({"enum": ["big"]}, tokenizer=hf_tok)
     assert comp.cache_info().currsize == 3
     comp.cache_clear()

@@ -11,9 +11,8 @@ import enum
 import hashlib
 import json
 import os
-import threading
 import typing
-from collections import OrderedDict, namedtuple
+from collections import namedtuple
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,6 +20,7 @@ from dgemma_struct.errors import ConstraintError, SchemaError
 
 from .constraint import Constraint, ConstraintKind, JsonValidator
 from .grammars import compile_choice, compile_grammar, compile_regex
+from .lru import BoundedLRU
 from .json_schema import JsonPlan, json_options, make_validator, prepare_json_schema
 from .safety import check_schema_input, clip, parser_limits
 from .schema_checks import with_spec_formats
@@ -157,12 +157,9 @@ def _normalise(spec: Any, keyed: bool = True) -> tuple[ConstraintKind, Any, Any,
     return ConstraintKind.JSON, t.schema, t.adapter, f"type:{spec!r}:{id(spec)}"
 
 
-_cache: "OrderedDict[tuple, tuple[Constraint, int]]" = OrderedDict()  # key -> (constraint, estimated bytes)
-_cache_lock = threading.Lock()
 _CACHE_MAX = 128
 #: the compile cache's memory bound (estimated bytes of the cached matchers); env DGEMMA_COMPILE_CACHE_BYTES
 _CACHE_MAX_BYTES = int(os.environ.get("DGEMMA_COMPILE_CACHE_BYTES", str(512 * 2 ** 20)))
-_stats = {"hits": 0, "misses": 0, "bytes": 0}
 CacheInfo = namedtuple("CacheInfo", "hits misses maxsize currsize currbytes maxbytes")
 
 
@@ -173,14 +170,15 @@ def _estimate_bytes(c: Constraint) -> int:
     return 256 * 1024 + 64 * len(c.grammar)
 
 
+_cache = BoundedLRU(_CACHE_MAX, _CACHE_MAX_BYTES, sizeof=_estimate_bytes)
+
+
 def cache_info() -> CacheInfo:
-    return CacheInfo(_stats["hits"], _stats["misses"], _CACHE_MAX, len(_cache), _stats["bytes"], _CACHE_MAX_BYTES)
+    return CacheInfo(_cache.hits, _cache.misses, _cache.max_items, len(_cache), _cache.bytes, _cache.max_bytes)
 
 
 def cache_clear() -> None:
-    with _cache_lock:
-        _cache.clear()
-        _stats["hits"] = _stats["misses"] = _stats["bytes"] = 0
+    _cache.clear()
 
 
 def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False, whitespace: str = "compact",
@@ -209,13 +207,9 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
     closed = closed and kind is ConstraintKind.JSON
     ck = (key, info.key, strict, whitespace, tuple(separators) if separators else None, closed)
     if use_cache:
-        with _cache_lock:
-            hit = _cache.get(ck)
-            if hit is not None:
-                _cache.move_to_end(ck)
-                _stats["hits"] += 1
-                return hit[0]
-            _stats["misses"] += 1
+        hit = _cache.get(ck)
+        if hit is not None:
+            return hit
     if kind is ConstraintKind.REGEX:
         c = compile_regex(payload, info)
     elif kind is ConstraintKind.GRAMMAR:
@@ -229,17 +223,7 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
         c = _compile_json(payload, info, strict=strict, whitespace=whitespace, separators=separators,
                           adapter=adapter, desc=desc, checked=adapter is None)  # _normalise checked dicts
     if use_cache:
-        size = _estimate_bytes(c)
-        if size <= _CACHE_MAX_BYTES:  # an entry larger than the whole cache is not kept
-            with _cache_lock:
-                old = _cache.pop(ck, None)
-                if old is not None:
-                    _stats["bytes"] -= old[1]
-                _cache[ck] = (c, size)
-                _stats["bytes"] += size
-                while len(_cache) > _CACHE_MAX or _stats["bytes"] > _CACHE_MAX_BYTES:
-                    _, (_, sz) = _cache.popitem(last=False)
-                    _stats["bytes"] -= sz
+        _cache.put(ck, c)
     return c
 
 

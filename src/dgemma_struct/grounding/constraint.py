@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from collections import OrderedDict
 from typing import Any, Sequence
 
 import llguidance as llg
@@ -15,6 +13,7 @@ import llguidance as llg
 from dgemma_struct.constraints import (CanvasWalker, Constraint, ValidationIssue, ValidationOutcome,
                                        get_tokenizer_info)
 from dgemma_struct.constraints.json_schema import make_validator, prepare_json_schema
+from dgemma_struct.constraints.lru import BoundedLRU
 from dgemma_struct.constraints.safety import clip, engine_guard
 from dgemma_struct.errors import ConstraintCompileTimeout, DgemmaStructError, GroundingError, SchemaError
 from dgemma_struct.grounding.grammar import _GrammarBuilder, _limits
@@ -107,9 +106,7 @@ def _compile_error(err: str) -> DgemmaStructError:
     return SchemaError(f"cannot compile the grounded grammar: {clip(err)}")
 
 
-_cache: "OrderedDict[tuple, GroundedConstraint]" = OrderedDict()
-_cache_lock = threading.Lock()
-_CACHE_MAX = 64
+_cache = BoundedLRU(max_items=64)   # the compile cache's class (constraints/lru.py), bounded by count
 
 
 def compile_grounded(schema: Any, tokenizer: Any, *, source: str | Sequence[str], ground: str | None = None,
@@ -135,11 +132,9 @@ def compile_grounded(schema: Any, tokenizer: Any, *, source: str | Sequence[str]
         h = hashlib.sha256("\x00".join(docs).encode("utf-8", "surrogatepass")).hexdigest()
         skey = f"pydantic:{id(schema)}" if adapter is not None else json.dumps(js, sort_keys=True)
         key = (skey, h, len(docs), ground, granularity, info.key, strict)
-        with _cache_lock:
-            c = _cache.get(key)
-            if c is not None:
-                _cache.move_to_end(key)
-                return c
+        c = _cache.get(key)
+        if c is not None:
+            return c
     # schema checks (metaschema, refs, bounds) and the keywords the grammar leaves to validation
     plan = prepare_json_schema(_strip_markers(js), info.lltok, strict=strict, limits=_limits())
     builder = _GrammarBuilder(js, docs, ground=ground, granularity=granularity, lltok=info.lltok)
@@ -150,8 +145,5 @@ def compile_grounded(schema: Any, tokenizer: Any, *, source: str | Sequence[str]
                            semantic_keywords=plan.semantic_keywords, pydantic_adapter=adapter, lark=lark,
                            n_grounded=builder.grounded_count)
     if use_cache and key is not None:
-        with _cache_lock:
-            _cache[key] = c
-            while len(_cache) > _CACHE_MAX:
-                _cache.popitem(last=False)
+        _cache.put(key, c)
     return c
