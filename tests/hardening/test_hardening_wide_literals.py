@@ -108,3 +108,26 @@ def test_wide_literals_the_lark_form_cannot_reach_still_compile(rt):
     assert c.matches("5") and not c.matches(str(W))
     c = compile_constraint({"type": "array", "prefixItems": [{"const": W}], "items": False}, tokenizer=rt.tokenizer)
     assert c.matches(f"[{W}]") and not c.matches("[5]")
+
+
+NARROW = [({"type": "number", "minimum": 1e-300, "maximum": 1e-299}, 1e-300),
+          ({"type": "number", "minimum": 0, "maximum": 1e-300}, 0.0),
+          ({"type": "number", "exclusiveMinimum": 1e-300, "exclusiveMaximum": 3e-300}, 2e-300),
+          ({"type": "integer", "minimum": -1e-300, "maximum": 1e-300}, 0)]
+
+
+def test_a_range_narrower_than_any_written_number_pins_one_valid_value(rt):
+    """#26.5, extreme float bounds: a tiny bound leaves the grammar (llguidance cannot compile it), and a
+    range that narrow would then never be met; the grammar copy pins one valid value, spelled short."""
+    import dgemma_struct as ds
+    from dgemma_struct.constraints import compile_constraint
+
+    for schema, want in NARROW:
+        c = compile_constraint(schema, tokenizer=rt.tokenizer)
+        assert c.matches(json.dumps(want)) and not c.matches("1"), (schema, c.grammar)
+        for seed in (0, 1):
+            got = ds.generate_json("x", schema, runtime=rt, max_new_tokens=24, max_repairs=0, fallback=False,
+                                   seed=seed)
+            assert got == want, (schema, got)
+    c = compile_constraint({"type": "number", "minimum": -1e-300, "maximum": 5}, tokenizer=rt.tokenizer)
+    assert c.matches("3.5") and c.matches("0")  # a wide range keeps its superset grammar

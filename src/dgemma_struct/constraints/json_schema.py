@@ -26,7 +26,7 @@ from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, 
 
 from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
                        has_wide_number, is_ecma_regex)
-from .safety import check_schema_input, clip, engine_guard, is_limit_error
+from .safety import check_schema_input, clip, engine_guard, is_limit_error, written_here
 from .schema_checks import check_schema, is_number, iter_subschemas
 from .schema_checks import jsonschema_rs as _rs
 
@@ -174,7 +174,9 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
     tuples = False
     for path, s in iter_subschemas(g):
         if extreme:
-            drop_extreme_bounds(s, dropped)
+            pin = drop_extreme_bounds(s, dropped)
+            if pin is not None and marks is not None:  # the pinned value as a literal: "1e-300", not 300 digits
+                marks.append((s, "enum", [pin], written_here(path)))
         if _REWRITTEN.isdisjoint(s):  # most subschemas: nothing here to rewrite
             if wide:
                 drop_wide_literals(s, dropped, wide != "ints", path, marks)

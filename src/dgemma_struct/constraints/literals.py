@@ -38,9 +38,10 @@ EXTREME_BOUND = float(2 ** 62)
 _BOUND_KWS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
-def drop_extreme_bounds(s: dict, dropped: list[str] | None = None) -> None:
-    """Remove extreme number bounds (:data:`EXTREME_BOUND`) from a grammar-copy subschema ``s``; the
-    grammar becomes a superset, and the removed keywords are named in ``dropped``."""
+def drop_extreme_bounds(s: dict, dropped: list[str] | None = None) -> Any:
+    """Remove extreme number bounds (:data:`EXTREME_BOUND`) from a grammar-copy subschema ``s`` (named in
+    ``dropped``): a superset, or the one value :func:`_pin_narrow_range` pinned (returned; else None)."""
+    popped: dict[str, Any] = {}
     for kw in _BOUND_KWS:
         v = s.get(kw)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -50,9 +51,29 @@ def drop_extreme_bounds(s: dict, dropped: list[str] | None = None) -> None:
         except OverflowError:
             a = math.inf
         if a >= EXTREME_BOUND or (isinstance(v, float) and 0 < a < 1e-15):
-            s.pop(kw)
+            popped[kw] = s.pop(kw)
             if dropped is not None:
                 dropped.append(kw)
+    tiny = {k: v for k, v in popped.items() if abs(v) < 1}  # (the huge ones: refused where they must hold)
+    if tiny and not {"multipleOf", "enum", "const"} & set(s) and not any(isinstance(v, bool) for v in s.values()):
+        return _pin_narrow_range(s, {**{k: s[k] for k in _BOUND_KWS if _plain_number(s.get(k))}, **tiny})
+
+
+def _pin_narrow_range(s: dict, b: dict) -> Any:
+    """A range narrower than ``1e-15`` that lost a tiny bound (``[0, 1e-300]``), which no number a model writes
+    falls in: the grammar copy pins one valid value (an inclusive end, else the midpoint) as its ``enum``."""
+    integer = s.get("type") in ("integer", ["integer"])
+    lo = [float(b[k]) for k in ("minimum", "exclusiveMinimum") if k in b]
+    hi = [float(b[k]) for k in ("maximum", "exclusiveMaximum") if k in b]
+    if not (lo and hi and (integer or s.get("type") in ("number", ["number"]))
+            and max(lo) <= min(hi) < max(lo) + 1e-15):
+        return
+    a, z = max(lo), min(hi)
+    ax, zx = b.get("exclusiveMinimum") == a, b.get("exclusiveMaximum") == z
+    for x in ([] if ax else [a]) + ([] if zx else [z]) + [(a + z) / 2]:
+        if (a < x if ax else a <= x) and (x < z if zx else x <= z) and (not integer or x.is_integer()):
+            s["enum"] = [int(x) if integer else x]
+            return s["enum"][0]
 
 
 #: a decimal ``multipleOf`` between bounds with at most this many multiples compiles to their ``enum``

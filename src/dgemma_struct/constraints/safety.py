@@ -42,7 +42,7 @@ __all__ = ["MAX_SCHEMA_DEPTH", "MAX_SCHEMA_NODES", "MAX_SPEC_BYTES", "MAX_ERROR_
            "is_wide_int", "has_wide_int", "is_wide_number", "has_wide_number", "WIDE", "engine_guard", "guarded",
            "is_native_panic", "clip", "check_ref_cycles",
            "PARSER_LIMITS", "parser_limits", "LIMIT_WORDS", "is_limit_error", "drop_wide_literals", "JSON_TYPE_OF",
-           "ANNOTATIONS", "STRUCTURAL"]
+           "ANNOTATIONS", "STRUCTURAL", "written_here"]
 
 #: most nested containers (dicts / lists) in a schema; JSONSchemaBench's deepest has 63, the engine
 #: refuses about 125 (its JSON reader's recursion limit)
@@ -324,7 +324,7 @@ STRUCTURAL = {"properties", "patternProperties", "$defs", "definitions", "depend
 ANNOTATIONS = ("default", "examples", "$comment", "title", "description")
 
 
-def _written_here(path: tuple) -> bool:
+def written_here(path: tuple) -> bool:
     """Whether a subschema at ``path`` describes a value the output spells out (reached through a root
     ``$defs`` entry, ``properties``, ``items``, ``anyOf`` / ``oneOf`` / ``allOf`` only; not ``not``, ...)."""
     i = 2 if path[:1] in (("$defs",), ("definitions",)) else 0
@@ -355,7 +355,7 @@ def drop_wide_literals(s: dict, dropped: list[str] | None, float_values: bool = 
             if types and "type" not in s:
                 s["type"] = types[0] if len(types) == 1 else types
             if marks is not None:
-                marks.append((s, kw, vals, _written_here(path)))
+                marks.append((s, kw, vals, written_here(path)))
         if dropped is not None and kw not in ANNOTATIONS:
             dropped.append(kw)
 
