@@ -10,6 +10,8 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+import json
 import numbers
 import threading
 import time
@@ -90,6 +92,18 @@ def resolve_dtype(dtype: "str | torch.dtype | None", device: torch.device) -> to
     return DTYPES[key]
 
 
+ENCODE_CACHE_SIZE = 256   # a server counts a prompt's tokens, then generates from it: one template run
+
+
+def _prompt_key(prompt: Any) -> str | None:
+    """A JSON text that gives ``prompt`` back (str or a list of messages), or None: not memoised."""
+    try:
+        key = json.dumps(prompt, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    return key if isinstance(prompt, (str, list)) and len(key) <= 64 * 1024 else None
+
+
 class DiffusionRuntime:
     """A loaded DiffusionGemma model plus tokenizer. ``model`` is the transformers
     ``DiffusionGemmaForBlockDiffusion``; ``tokenizer`` the HF tokenizer."""
@@ -110,6 +124,7 @@ class DiffusionRuntime:
         self.settings = DiffusionSettings.from_generation_config(gc)
         self.max_context = int(model.config.text_config.max_position_embeddings)
         self.lock = threading.Lock()   # one generation at a time per model (servers batch instead)
+        self._encoded = functools.lru_cache(maxsize=ENCODE_CACHE_SIZE)(self._encode_key)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -161,7 +176,15 @@ class DiffusionRuntime:
     # ------------------------------------------------------------------ prompts
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         """Chat-template a prompt (a user string, a list of chat messages or a :class:`ChatPrompt`)
-        into token ids."""
+        into token ids. Strings and message lists (up to 64 KB as JSON) are memoised per runtime, the
+        last :data:`ENCODE_CACHE_SIZE` of them."""
+        key = _prompt_key(prompt)
+        return self._encode(prompt) if key is None else list(self._encoded(key))
+
+    def _encode_key(self, key: str) -> tuple[int, ...]:
+        return tuple(self._encode(json.loads(key)))
+
+    def _encode(self, prompt: Prompt) -> list[int]:
         messages, extra = chat_messages(prompt, has_template=bool(getattr(self.tokenizer, "chat_template", None)))
         try:
             if getattr(self.tokenizer, "chat_template", None):

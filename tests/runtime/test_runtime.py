@@ -104,3 +104,24 @@ def test_save_and_reload_roundtrip(runtime, tmp_path):
     rt2 = DiffusionRuntime.from_pretrained(tmp_path)
     assert rt2.generate("hi", max_new_tokens=8, mode="ar").token_ids == runtime.generate("hi", max_new_tokens=8,
                                                                                           mode="ar").token_ids
+
+
+def test_a_prompt_is_templated_once_per_runtime(monkeypatch):
+    """The server counts a prompt's tokens (usage, context checks) and then generates from it: the
+    chat template runs once; each call gets its own list; unhashable-by-JSON prompts still encode."""
+    from dgemma_struct import ChatPrompt
+    from dgemma_struct.testing import tiny_runtime
+
+    rt = tiny_runtime()
+    calls = []
+    real = rt._encode
+    monkeypatch.setattr(rt, "_encode", lambda p: (calls.append(p), real(p))[1])
+    msgs = [{"role": "user", "content": "templated once? \U0001F600 " + str(id(calls))}]
+    first = rt.encode_prompt(msgs)
+    first.append(-1)                                  # the caller's copy: the memo is not touched
+    assert rt.encode_prompt(list(msgs)) == first[:-1] == real(msgs)
+    assert len(calls) == 1
+    rt.encode_prompt(ChatPrompt(messages=msgs))       # not memoised, still encoded
+    assert len(calls) == 2
+    with pytest.raises(Exception):
+        rt.encode_prompt(12)
