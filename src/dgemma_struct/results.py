@@ -111,6 +111,18 @@ class CanvasEvent:
     finish_reason: str | None = None
     stats: GenerationStats | None = None
 
+    @classmethod
+    def final(cls, result: GenerationResult, *, validated: bool, value: Any = None) -> "CanvasEvent":
+        """The last event of a stream, from its finished ``result`` (the one place it is built).
+
+        >>> ev = CanvasEvent.final(GenerationResult(text="7", token_ids=[9]), validated=True, value=7)
+        >>> ev.done, ev.canvas_index, ev.value
+        (True, 0, 7)
+        """
+        return cls(row=0, canvas_index=max(0, result.stats.canvases - 1), token_ids=result.token_ids,
+                   text=result.text, done=True, value=value, validated=validated,
+                   finish_reason=result.stats.finish_reason, stats=result.stats)
+
 
 @dataclass(frozen=True)
 class ChoiceResult:

@@ -383,9 +383,7 @@ class DiffusionRuntime:
                 res = self.generate_ids([encoded], max_new_tokens=max_new_tokens, seed=seed, hook=hook,
                                         on_canvas=on_canvas, on_draft=on_draft if drafts else None,
                                         temperature=temperature, top_p=top_p)[0]
-                q.put(CanvasEvent(row=0, canvas_index=res.stats.canvases - 1, token_ids=res.token_ids,
-                                  text=res.text, done=True, finish_reason=res.stats.finish_reason,
-                                  stats=res.stats))
+                q.put(CanvasEvent.final(res, validated=False))
             except BaseException as err:  # noqa: BLE001 - re-raised in the consumer
                 q.put(err)
 

@@ -90,9 +90,7 @@ def stream(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None
     if final is None:  # pragma: no cover - the runtime always ends a stream with a done event
         raise GenerationFailed("the stream ended without a result")
     result = session.solve(first=session.absorb(final, guide))
-    yield CanvasEvent(row=0, canvas_index=result.stats.canvases - 1, token_ids=result.token_ids, text=result.text,
-                      done=True, value=result.value, validated=True, finish_reason=result.stats.finish_reason,
-                      stats=result.stats)
+    yield CanvasEvent.final(result, validated=True, value=result.value)
 
 
 def stream_json(prompt: Prompt, schema: Any, **opts: Any) -> Iterator[Any]:

@@ -287,10 +287,7 @@ class Batcher:
         if not job.streaming:
             job.resolve(res)
             return
-        constrained = job.spec is not None
-        job.push(CanvasEvent(row=0, canvas_index=max(0, res.stats.canvases - 1), token_ids=res.token_ids,
-                             text=res.text, done=True, value=res.value, validated=constrained,
-                             finish_reason=res.stats.finish_reason, stats=res.stats))
+        job.push(CanvasEvent.final(res, validated=job.spec is not None, value=res.value))
         job.push(DONE)
 
     def _run_alone(self, job: Job) -> None:
