@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, Union
 
-from dgemma_struct.errors import InvalidRequestError
+from dgemma_struct.errors import InvalidRequestError, PromptTooLongError
 
 
 @dataclass(frozen=True)
@@ -113,10 +113,28 @@ def _check_message(m: dict, i: int) -> dict:
     return m
 
 
-def chat_messages(prompt: Prompt, *, has_template: bool = True) -> tuple[list[dict], dict[str, Any]]:
+#: tokens every chat turn costs at least (turn start, role, turn end), for the cheap length estimate
+MIN_TOKENS_PER_MESSAGE = 3
+
+
+def min_template_tokens(messages: Sequence[Any]) -> int:
+    """A lower bound on a chat prompt's tokens, without running the template: every non-system turn
+    costs :data:`MIN_TOKENS_PER_MESSAGE` (a system message may be folded into the first user turn).
+
+    >>> min_template_tokens([{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}])
+    3
+    """
+    return MIN_TOKENS_PER_MESSAGE * sum(1 for m in messages if not (isinstance(m, dict) and
+                                                                     m.get("role") in ("system", "developer")))
+
+
+def chat_messages(prompt: Prompt, *, has_template: bool = True,
+                  max_context: int | None = None) -> tuple[list[dict], dict[str, Any]]:
     """The checked chat messages of a prompt and the extra chat-template arguments (``tools`` and a
     :class:`ChatPrompt`'s template options). ``has_template``: whether the tokenizer has a chat
-    template (without one, tools and template options cannot be rendered)."""
+    template (without one, tools and template options cannot be rendered). ``max_context``: with a
+    template, more messages than the context can hold even empty are a :class:`PromptTooLongError`
+    at once, before the template runs (rendering is roughly quadratic in the message count)."""
     extra: dict[str, Any] = {}
     if isinstance(prompt, ChatPrompt):
         if prompt.tools:
@@ -131,5 +149,8 @@ def chat_messages(prompt: Prompt, *, has_template: bool = True) -> tuple[list[di
         messages = [_check_message(m, i) for i, m in enumerate(prompt)]
     else:
         raise InvalidRequestError("prompt must be a string or a non-empty list of chat messages")
+    if has_template and max_context is not None and min_template_tokens(messages) > max_context:
+        raise PromptTooLongError(f"{len(messages)} chat messages need at least {min_template_tokens(messages)} "
+                                 f"tokens, more than the model's context of {max_context}")
     _check_text(messages)
     return messages, extra

@@ -185,7 +185,8 @@ class DiffusionRuntime:
         return tuple(self._encode(json.loads(key)))
 
     def _encode(self, prompt: Prompt) -> list[int]:
-        messages, extra = chat_messages(prompt, has_template=bool(getattr(self.tokenizer, "chat_template", None)))
+        messages, extra = chat_messages(prompt, has_template=bool(getattr(self.tokenizer, "chat_template", None)),
+                                        max_context=self.max_context)
         try:
             if getattr(self.tokenizer, "chat_template", None):
                 ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,

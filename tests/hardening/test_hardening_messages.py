@@ -10,7 +10,8 @@ import httpx
 import pytest
 from server_harness import running_server
 
-from dgemma_struct.server.protocol import MAX_MESSAGES, MIN_TOKENS_PER_MESSAGE
+from dgemma_struct.prompts import MIN_TOKENS_PER_MESSAGE
+from dgemma_struct.server.protocol import MAX_MESSAGES
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +65,25 @@ def test_a_small_request_is_not_held_up_by_message_floods(url):
         t.join()
     assert r.status_code == 200
     assert s < max(2 * idle, 1.0), (s, idle)
+
+
+def test_the_python_api_refuses_a_message_flood_before_the_template(monkeypatch):
+    """3,000 tiny messages cannot fit a 4,096-token context: PromptTooLongError in milliseconds, the
+    chat template never runs (it took 14.5 s to get there)."""
+    import dgemma_struct as ds
+    from dgemma_struct.errors import PromptTooLongError
+    from dgemma_struct.testing import tiny_runtime
+
+    rt = tiny_runtime()
+    rt.tokenizer.chat_template = rt.tokenizer.chat_template or "{% for m in messages %}{{ m.content }}{% endfor %}"
+    rt.max_context = 4096
+    rendered = []
+    real = rt.tokenizer.apply_chat_template
+    monkeypatch.setattr(rt.tokenizer, "apply_chat_template", lambda *a, **k: (rendered.append(1), real(*a, **k))[1])
+    flood = [{"role": "user", "content": "hi"}] * 3000
+    t0 = time.perf_counter()
+    with pytest.raises(PromptTooLongError, match="3000 chat messages"):
+        ds.generate_json(flood, {"type": "integer"}, runtime=rt, max_new_tokens=8)
+    assert time.perf_counter() - t0 < 1.0 and rendered == []
+    ok = [{"role": "system", "content": "s"}] + [{"role": "user", "content": "hi"}] * 4
+    assert rt.encode_prompt(ok) and rendered == [1]

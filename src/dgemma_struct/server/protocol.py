@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dgemma_struct.constraints import Choice, Grammar, Regex
 from dgemma_struct.constraints.strict_objects import close_objects
 from dgemma_struct.engine.token_logprobs import MAX_TOP_LOGPROBS
+from dgemma_struct.prompts import min_template_tokens
 
 from .http_errors import APIError
 
@@ -306,8 +307,6 @@ def spec_of(req: _Common) -> tuple[Any, str | None]:
 #: messages: 256 short messages take ~0.5 s, 1,024 ~5 s, 3,000 ~30 s on the embedded tokenizer)
 MAX_MESSAGES = 256
 MAX_MESSAGE_CHARS = 1_000_000
-#: tokens every chat turn costs at least (turn start, role, turn end), for the cheap length estimate
-MIN_TOKENS_PER_MESSAGE = 3
 
 
 def check_messages(messages: Any) -> None:
@@ -332,12 +331,9 @@ def check_messages(messages: Any) -> None:
 
 def estimated_prompt_tokens(prompt: Any) -> int:
     """A lower bound on a prompt's tokens, without the template: every non-system turn costs
-    :data:`MIN_TOKENS_PER_MESSAGE` (a system message may be folded into the first user turn)."""
+    :data:`~dgemma_struct.prompts.MIN_TOKENS_PER_MESSAGE` (a system message may be folded into the first user turn)."""
     messages = getattr(prompt, "messages", prompt)
-    if isinstance(messages, list):
-        return MIN_TOKENS_PER_MESSAGE * sum(1 for m in messages if not (isinstance(m, dict) and
-                                                                         m.get("role") in ("system", "developer")))
-    return 1
+    return min_template_tokens(messages) if isinstance(messages, list) else 1
 
 
 def prompt_of_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
