@@ -87,3 +87,22 @@ def test_the_python_api_refuses_a_message_flood_before_the_template(monkeypatch)
     assert time.perf_counter() - t0 < 1.0 and rendered == []
     ok = [{"role": "system", "content": "s"}] + [{"role": "user", "content": "hi"}] * 4
     assert rt.encode_prompt(ok) and rendered == [1]
+
+
+def test_a_template_past_its_deadline_is_refused_and_the_server_goes_on(monkeypatch):
+    """A chat template that does not finish (a pathological custom template) costs its request a 400
+    after the render deadline; the server keeps answering."""
+    from dgemma_struct.server import completions
+    from dgemma_struct.testing import tiny_runtime
+
+    rt = tiny_runtime()
+    monkeypatch.setattr(completions, "TEMPLATE_DEADLINE_S", 0.3)
+    real = rt.encode_prompt
+    monkeypatch.setattr(rt, "encode_prompt",
+                        lambda p: (time.sleep(2.0) if "slow" in str(p) else None, real(p))[1])
+    with running_server(rt, max_tokens_cap=16, default_max_tokens=8, warmup=False) as u:
+        r, s = _post(u, [{"role": "user", "content": "slow"}])
+        assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_complex", r.text
+        assert s < 1.5, s
+        r, _ = _post(u, [{"role": "user", "content": "fast"}])
+        assert r.status_code == 200, r.text

@@ -49,6 +49,9 @@ _NESTED = {"response_format": ("type", "json_schema", "schema"),
            "structured_outputs": ("json", "regex", "grammar", "choice", "json_object", "disable_any_whitespace",
                                   "disable_additional_properties", "disable_fallback")}
 _warned: set[str] = set()
+#: the longest a chat template may render off the event loop before the request is refused (the
+#: message caps keep real requests near 0.5 s; a template that loops is the case this bounds)
+TEMPLATE_DEADLINE_S = 10.0
 _MAX_WARNED = 1024  # names remembered (a client cannot grow the set without bound)
 
 
@@ -140,6 +143,16 @@ def _spans_of(constraint: Any, text: str) -> dict | None:
     return {"spans": [s.to_dict() for s in spans]}
 
 
+async def _rendered(render: Any) -> Any:
+    """``render()`` in a worker thread, answered with a 400 when it passes :data:`TEMPLATE_DEADLINE_S`
+    (the thread finishes on its own; the request is not held)."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(render), TEMPLATE_DEADLINE_S)
+    except asyncio.TimeoutError:
+        raise APIError(400, f"rendering the chat template took more than {TEMPLATE_DEADLINE_S:g} s",
+                       param="messages", code="prompt_too_complex") from None
+
+
 async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None,
               tool_req: Any = None) -> Any:
     """Answer a chat (``chat=True``) or text completion request for ``prompts``: a JSON response,
@@ -197,7 +210,7 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     else:
         constraint = await state.compile(spec, param)
         specs = [constraint] * len(prompts)
-    n_prompt = await asyncio.to_thread(lambda: [state.prompt_tokens(p) for p in prompts])
+    n_prompt = await _rendered(lambda: [state.prompt_tokens(p) for p in prompts])
     if tool_req is not None:
         try:
             check_context(n_prompt[0], max_tokens, state.runtime.max_context, tool_req)
