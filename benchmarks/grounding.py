@@ -128,12 +128,12 @@ def jsb_examples(n: int, seed: int = 0) -> list[dict]:
     if path is None:
         return []
     r = random.Random(seed)
-    pool = {"date": lambda: cp._date(r)[0], "destination": lambda: r.choice(cp.CITIES),
+    pool = {"date": lambda: cp.random_date(r)[0], "destination": lambda: r.choice(cp.CITIES),
             "origin": lambda: r.choice(cp.CITIES), "departure": lambda: r.choice(cp.CITIES),
             "number": lambda: f"{r.choice('ABCDEFGH')}{r.randrange(100, 999)}",
-            "name": lambda: " ".join(cp._name(r)), "city": lambda: r.choice(cp.CITIES),
+            "name": lambda: " ".join(cp.random_name(r)), "city": lambda: r.choice(cp.CITIES),
             "location": lambda: r.choice(cp.CITIES), "country": lambda: r.choice(list(cp.COUNTRIES.values())),
-            "email": lambda: cp._email(r, *cp._name(r)), "phone": lambda: cp._phone(r)}
+            "email": lambda: cp.random_email(r, *cp.random_name(r)), "phone": lambda: cp.random_phone(r)}
     words = cp.PRODUCTS + cp.JOBS + cp.SKILLS + cp.EVENTS
     out = []
     for line in gzip.open(path, "rt"):

@@ -202,3 +202,44 @@ def test_only_constraints_switch_on_a_constraint_kind():
     found = {name: lines for name, path in _modules().items()
              if not name.startswith(_D + "constraints") and (lines := _kind_tests(ast.parse(path.read_text())))}
     assert found == {}
+
+
+def _private_uses(name: str, path: Path) -> list[str]:
+    """``from <a dgemma_struct module> import _x`` and ``<imported dgemma_struct module>._x`` in one module."""
+    is_pkg = path.name == "__init__.py"
+    tree = ast.parse(path.read_text())
+    modules, found = set(), []   # local names bound to dgemma_struct modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                target = ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("dgemma_struct"):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"{target}.{a.name}")
+                elif f"{target}.{a.name}" in _modules():
+                    modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.asname and a.name.startswith("dgemma_struct")}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_private_check_finds_one(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("from dgemma_struct.constraints.closing import _x\nfrom dgemma_struct.training import words\n"
+                 "y = words._name(1)\n")
+    assert _private_uses("dgemma_struct.m", p) == ["dgemma_struct.constraints.closing._x", "words._name"]
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A name another module needs is public (``_x`` is the module's own business)."""
+    found = {name: uses for name, path in _modules().items() if (uses := _private_uses(name, path))}
+    assert found == {}

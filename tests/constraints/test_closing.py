@@ -5,28 +5,28 @@ from __future__ import annotations
 import numpy as np
 
 from dgemma_struct.constraints import Regex, closer_ids, closing_candidates, closing_plan, compile_constraint
-from dgemma_struct.constraints.closing import (_byte_representatives, _has_format, _json_string_state,
-                                               _segment_punct, greedy_fill)
+from dgemma_struct.constraints.closing import (byte_representatives, _has_format, json_string_state,
+                                               segment_punct, greedy_fill)
 
 
 def test_json_string_state():
-    assert _json_string_state(b'{"a":"x', False, False) == (True, False)
-    assert _json_string_state(b'{"a":"x\\', False, False) == (True, True)
-    assert _json_string_state(b'"', True, True) == (True, False)  # an escaped quote stays in the string
-    assert _json_string_state(b'x"}', True, False) == (False, False)
+    assert json_string_state(b'{"a":"x', False, False) == (True, False)
+    assert json_string_state(b'{"a":"x\\', False, False) == (True, True)
+    assert json_string_state(b'"', True, True) == (True, False)  # an escaped quote stays in the string
+    assert json_string_state(b'x"}', True, False) == (False, False)
 
 
 def test_has_format_and_segment_punct():
     assert _has_format({"properties": {"d": {"type": "string", "format": "date"}}})
     assert _has_format([{"items": [{"format": "email"}]}]) and not _has_format({"type": "string"})
-    assert _segment_punct(b'"ab"x.y-z@') == b"-.@" and _segment_punct(b"") == b""
+    assert segment_punct(b'"ab"x.y-z@') == b"-.@" and segment_punct(b"") == b""
 
 
 def test_byte_representatives_order():
     vals = bytes(sorted(b"01aAzZ9@.-"))
     ids = np.arange(100, 100 + len(vals), dtype=np.int64)
     tok = {b: int(t) for t, b in zip(ids, vals)}
-    reps = _byte_representatives(ids, vals, grammar="x@y")
+    reps = byte_representatives(ids, vals, grammar="x@y")
     # '1' first, then the punctuation the grammar mentions ('@'), then 0 a A, then other punctuation
     assert reps.tolist()[:2] == [tok[ord("1")], tok[ord("@")]]
     assert reps.tolist()[2:5] == [tok[ord("0")], tok[ord("a")], tok[ord("A")]]

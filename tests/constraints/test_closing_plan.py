@@ -11,7 +11,7 @@ import pytest
 
 from dgemma_struct.constraints import Regex, compile_constraint
 from dgemma_struct.constraints.closing import closing_candidates, closing_plan, plan_still_closes
-from dgemma_struct.constraints.closing_search import _run_shape, _stepwise_closing
+from dgemma_struct.constraints.closing_search import run_shape, stepwise_closing
 
 # vLLM's ``sample_json_schema`` (vllm tests/conftest.py, Apache-2.0), the schema of its structured-output tests
 VLLM_SAMPLE_JSON_SCHEMA = {
@@ -105,12 +105,12 @@ def test_regex_closes_through_class_without_representative(hf_tok):
     assert re.fullmatch(r"#(foo|bar)+@[xy]{2}", text), text
     w = c.canvas_walker()
     w.commit(c.tokenize("#"))  # the stepwise search alone (its local search starts with no candidate allowed)
-    plan = _stepwise_closing(w, *closing_candidates(c.tokenizer_info)[:2], 12, *closing_candidates(c.tokenizer_info)[2:])
+    plan = stepwise_closing(w, *closing_candidates(c.tokenizer_info)[:2], 12, *closing_candidates(c.tokenizer_info)[2:])
     assert plan is not None and re.fullmatch(r"#(foo|bar)+@[xy]{2}", "#" + c.tokenizer_info.lltok.decode_str(plan))
 
 
 def test_run_shape_and_plan_reuse(hf_tok):
-    assert _run_shape(b'x.1a') == b"1a" and _run_shape(b"ab.") == b"" and _run_shape(b"Zz9q") == b"a1a"
+    assert run_shape(b'x.1a') == b"1a" and run_shape(b"ab.") == b"" and run_shape(b"Zz9q") == b"a1a"
     c = compile_constraint({"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]},
                            tokenizer=hf_tok)
     w = c.canvas_walker()

@@ -17,9 +17,9 @@ O(output length), so every search moves one borrowed matcher by rollback and con
 (:class:`~.walker.MatcherCursor`), and the JSON string state of the frozen text is carried forward
 from commit to commit (:func:`~.closing_search.frozen_string_state`).
 
->>> _json_string_state(b'{"a":"x', False, False)
+>>> json_string_state(b'{"a":"x', False, False)
 (True, False)
->>> _segment_punct(b'"a.b-c')
+>>> segment_punct(b'"a.b-c')
 b'-.'
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ import numpy as np
 from dgemma_struct.errors import ConstraintEngineError
 
 from .bitmask_np import allowed_among, bitmask_to_bool
-from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS, _byte_representatives,  # noqa: F401
-                             _json_string_state, _run_shape, _search_closing, _segment_punct, _stepwise_closing,
+from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS, byte_representatives,  # noqa: F401
+                             json_string_state, run_shape, search_closing, segment_punct, stepwise_closing,
                              allowed_closer, frozen_cursor, frozen_string_state)
 from .safety import clip, engine_guard
 from .tokenizer import vocab_scan
@@ -111,7 +111,7 @@ def closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, ma
 
     First the cheap greedy walk (:func:`_greedy_closing`); its plan is kept when the completed text
     passes semantic validation (formats, ``multipleOf`` ...). Otherwise a breadth-first
-    *shortest-completion search* over matcher states (:func:`_search_closing`): the frontier is
+    *shortest-completion search* over matcher states (:func:`search_closing`): the frontier is
     expanded level by level with the allowed tokens among the closing candidates (closers, and one
     representative per class of single-byte tokens: every punctuation byte, ``1``/``0``, ``a``,
     ``A``), bounded to :data:`CLOSING_BEAM` states per level; the first levels' completions are
@@ -128,10 +128,10 @@ def closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, ma
         greedy = _greedy_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
         if greedy is not None and _completion_valid(walker, greedy):
             return greedy
-        step = _stepwise_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+        step = stepwise_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
         if step is not None and _completion_valid(walker, step):
             return step
-        found = _search_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+        found = search_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
     for plan in found:
         if _completion_valid(walker, plan):
             return plan
@@ -216,7 +216,7 @@ def _greedy_closing_walk(walker: Any, cur: Any, tok: Any, in_str: bool, esc: boo
         if not cur.advance(picks):  # pragma: no cover - the picks were allowed
             raise ConstraintEngineError(f"the matcher refused closing tokens it allowed: {clip(m.get_error())}")
         plan.extend(picks)
-        in_str, esc = _json_string_state(tok.decode_bytes(picks), in_str, esc)
+        in_str, esc = json_string_state(tok.decode_bytes(picks), in_str, esc)
     return None
 
 

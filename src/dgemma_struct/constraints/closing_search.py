@@ -1,12 +1,12 @@
 """The closing searches behind :func:`~.closing.closing_plan` (kept apart from the greedy walks).
 
-:func:`_stepwise_closing` walks the structure greedily (forced tokens, closers) and, where no closer
+:func:`stepwise_closing` walks the structure greedily (forced tokens, closers) and, where no closer
 is allowed yet (inside a lexeme with a pattern, a number, a key to write), runs a small exhaustive
 breadth-first search (:func:`_local_search`) for the shortest way to the next point where one is
-(or a stop token). :func:`_search_closing` is the older
+(or a stop token). :func:`search_closing` is the older
 global beam search, kept for completions that must pass validation (formats).
 
->>> _run_shape(b'x.1a')
+>>> run_shape(b'x.1a')
 b'1a'
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ CLOSING_EXAMINE = 128  # children examined per search level
 CLOSING_EXTRA_LEVELS = 3  # levels searched past the first completion (for a valid one)
 
 
-def _json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool]:
+def json_string_state(text: bytes, in_str: bool, esc: bool) -> tuple[bool, bool]:
     """Whether a JSON text that starts in state (in_str, esc) ends inside a string literal."""
     for ch in text:
         if esc:
@@ -41,7 +41,7 @@ _STRING_STATE: "weakref.WeakKeyDictionary[Any, tuple]" = weakref.WeakKeyDictiona
 
 
 def frozen_string_state(walker: Any) -> tuple[bool, bool]:
-    """:func:`_json_string_state` of ``walker``'s frozen text, carried forward from the previous
+    """:func:`json_string_state` of ``walker``'s frozen text, carried forward from the previous
     call: only the tokens committed since are decoded (decoding the whole output on every commit
     near the budget made closing O(n) per commit). The walker's ``frozen_tokens`` list only grows
     in place; a rollback or reset replaces it, which starts the state afresh."""
@@ -52,7 +52,7 @@ def frozen_string_state(walker: Any) -> tuple[bool, bool]:
         hit = None
     n, state = (hit[1], hit[2]) if hit is not None and hit[0] is toks and hit[1] <= len(toks) else (0, (False, False))
     if n < len(toks):
-        state = _json_string_state(walker.constraint.tokenizer_info.lltok.decode_bytes(toks[n:]), *state)
+        state = json_string_state(walker.constraint.tokenizer_info.lltok.decode_bytes(toks[n:]), *state)
     try:
         _STRING_STATE[walker] = (toks, len(toks), state)
     except TypeError:
@@ -76,19 +76,19 @@ def frozen_cursor(walker: Any) -> Iterator[MatcherCursor]:
 _REP_ORDER = b"10aA"
 
 
-def _segment_punct(pb: bytes) -> bytes:
+def segment_punct(pb: bytes) -> bytes:
     """The distinct punctuation bytes written since the plan's last quote (the current string or
     lexeme): what tells apart regex states whose masks are equal."""
     seg = pb[pb.rfind(b'"') + 1:]
     return bytes(sorted({ch for ch in seg if not chr(ch).isalnum()}))
 
 
-def _run_shape(pb: bytes, keep: int = 3) -> bytes:
+def run_shape(pb: bytes, keep: int = 3) -> bytes:
     """The classes (``1`` digit, ``a`` lower, ``A`` upper, ``u`` other) of the last ``keep`` bytes
     of the plan's trailing alphanumeric run: states with equal masks whose runs differ in class are
     different regex states (after ``.`` an email TLD needs two *letters*: ``.1`` and ``.a`` differ).
 
-    >>> _run_shape(b'x.1a')
+    >>> run_shape(b'x.1a')
     b'1a'
     """
     i = len(pb)
@@ -99,7 +99,7 @@ def _run_shape(pb: bytes, keep: int = 3) -> bytes:
                  else 0x75 for ch in run)
 
 
-def _byte_representatives(byte_ids: np.ndarray, byte_values: bytes, grammar: str = "") -> np.ndarray:
+def byte_representatives(byte_ids: np.ndarray, byte_values: bytes, grammar: str = "") -> np.ndarray:
     """Single-byte candidate tokens for the closing search: ``1``, ``0``, ``a``, ``A`` for the digit /
     letter classes (``1`` first: ``1111-11-11`` is a real date, ``0000-00-00`` is not), then every
     printable punctuation byte -- those the grammar text mentions (a pattern's ``@`` and ``.``) first."""
@@ -115,7 +115,7 @@ def _byte_representatives(byte_ids: np.ndarray, byte_values: bytes, grammar: str
     return np.asarray(out, dtype=np.int64)
 
 
-def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+def search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
                     byte_ids: np.ndarray, byte_values: bytes) -> list[list[int]]:
     """Completions (plans) found by a bounded breadth-first search, shortest first.
 
@@ -125,7 +125,7 @@ def _search_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
     states are interleaved so that no state fills the level."""
     c = walker.constraint
     tok = c.tokenizer_info.lltok
-    reps = _byte_representatives(byte_ids, byte_values, c.grammar)
+    reps = byte_representatives(byte_ids, byte_values, c.grammar)
     quote_ids = np.asarray(quote_ids, dtype=np.int64)
     closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
     is_json = c.kind == "json"
@@ -162,10 +162,10 @@ def _search_levels(walker: Any, cur: MatcherCursor, tok: Any, reps: np.ndarray, 
                 if len(found) >= 8:
                     return found
                 continue
-            in_str = _json_string_state(pb, *in_str0) if is_json else (False, False)
+            in_str = json_string_state(pb, *in_str0) if is_json else (False, False)
             # equal masks are not equal states (every \\S byte is allowed before and after the '@'
             # of an email pattern): the key adds the punctuation used and the string state
-            key = (row.tobytes(), _segment_punct(pb), _run_shape(pb), in_str)
+            key = (row.tobytes(), segment_punct(pb), run_shape(pb), in_str)
             if key in seen_masks:
                 continue
             seen_masks.add(key)
@@ -202,12 +202,12 @@ def _class_candidates(row: np.ndarray, reps: np.ndarray, byte_ids: np.ndarray, b
     allowed byte (``[A-D]`` allows ``A`` but ``(foo|bar)`` allows neither ``a`` nor ``A``)."""
     ok = set(int(reps[k]) for k in allowed_among(row, reps))
     out = [int(t) for t in reps if int(t) in ok]
-    have = {_run_shape(bytes([byte_values[i]]))
+    have = {run_shape(bytes([byte_values[i]]))
             for i in range(len(byte_values)) if int(byte_ids[i]) in ok}
     for i in allowed_among(row, byte_ids):
         b = byte_values[i]
         if chr(b).isalnum() and b < 0x80:
-            cls = _run_shape(bytes([b]))
+            cls = run_shape(bytes([b]))
             if cls not in have:
                 have.add(cls)
                 out.append(int(byte_ids[i]))
@@ -242,12 +242,12 @@ def _local_search(walker: Any, cur: MatcherCursor, in_str0: tuple[bool, bool], l
                 made += 1
                 b = pb + tok.decode_bytes([t])
                 crow = walker.mask_of(c).copy()
-                in_str = _json_string_state(b, *in_str0) if is_json else (False, False)
+                in_str = json_string_state(b, *in_str0) if is_json else (False, False)
                 ids = quote_ids if in_str[0] else closers
                 # (a forced continuation is no goal: '#(foo|bar)+' forces 'ar' after 'b', for ever)
                 if walker.allows_stop(crow) or (ids.size and allowed_among(crow, ids).size):
                     return path + [t]
-                key = (crow.tobytes(), _segment_punct(b), _run_shape(b), in_str)
+                key = (crow.tobytes(), segment_punct(b), run_shape(b), in_str)
                 if key not in seen and not c.is_stopped():
                     seen.add(key)
                     nxt.append((crow, path + [t], b))
@@ -272,7 +272,7 @@ def allowed_closer(row: np.ndarray, in_string: bool, quote_ids: np.ndarray, brac
     return None
 
 
-def _stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+def stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
                       byte_ids: np.ndarray, byte_values: bytes) -> list[int] | None:
     """A completion of at most ``max_n`` tokens from the frozen state (the stop token not included),
     or None: forced tokens, else an allowed closer (as the greedy walk picks them), else the
@@ -280,7 +280,7 @@ def _stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarra
     c = walker.constraint
     tok = c.tokenizer_info.lltok
     is_json = c.kind == "json"
-    reps = _byte_representatives(byte_ids, byte_values, c.grammar)
+    reps = byte_representatives(byte_ids, byte_values, c.grammar)
     quote_ids = np.asarray(quote_ids, dtype=np.int64)
     closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
     state = frozen_string_state(walker) if is_json else (False, False)
@@ -313,5 +313,5 @@ def _stepwise_walk(walker: Any, cur: MatcherCursor, tok: Any, is_json: bool, sta
             return None
         plan.extend(picks)
         if is_json:
-            state = _json_string_state(tok.decode_bytes(picks), *state)
+            state = json_string_state(tok.decode_bytes(picks), *state)
     return None

@@ -8,8 +8,8 @@ import re
 from typing import Sequence
 
 from dgemma_struct.constraints.json_schema import make_validator
-from dgemma_struct.grounding.sources import _bad_edge, _Doc, chunk_offsets, edge_ok, source_numbers
-from dgemma_struct.grounding.spec import _types
+from dgemma_struct.grounding.sources import bad_edge, Doc, chunk_offsets, edge_ok, source_numbers
+from dgemma_struct.grounding.spec import schema_types
 
 # A grounded field with extra constraints gets the explicit list of the source's spans that pass them,
 # up to this many distinct candidates (beyond it: the substring lexeme, and validation + repair).
@@ -17,7 +17,7 @@ MAX_CANDIDATES = 4000
 MAX_SPAN_CHUNKS = 64          # longest candidate span, in chunks (words mode) or characters (chars mode)
 MAX_CANDIDATE_CHECKS = 200_000
 
-_STRING_KWS = ("pattern", "format", "enum", "const", "minLength", "maxLength")
+STRING_KWS = ("pattern", "format", "enum", "const", "minLength", "maxLength")
 # Spans offered for a field with a ``format`` must also match these shapes (stricter than jsonschema's
 # own checks, e.g. its email check is only "contains @"): a narrower grammar is still sound, and it
 # keeps "write to tzhang@post.io." from yielding the span "to tzhang@post.io.".
@@ -42,8 +42,8 @@ def string_candidates(docs: Sequence[str], check: dict, granularity: str) -> lis
             vals = check["enum"] if kw == "enum" else [check["const"]]
             out = []
             for v in vals:
-                if isinstance(v, str) and v and not _bad_edge(v[0]) and not _bad_edge(v[-1]) and \
-                        any(_Doc(d).find_string(v, granularity) for d in docs) and validator.is_valid(v):
+                if isinstance(v, str) and v and not bad_edge(v[0]) and not bad_edge(v[-1]) and \
+                        any(Doc(d).find_string(v, granularity) for d in docs) and validator.is_valid(v):
                     out.append(v)
             return list(dict.fromkeys(out))
     shape = _FORMAT_SHAPES.get(check.get("format")) if isinstance(check.get("format"), str) else None
@@ -87,7 +87,7 @@ def string_candidates(docs: Sequence[str], check: dict, granularity: str) -> lis
 def number_candidates(docs: Sequence[str], check: dict) -> list[str]:
     """Distinct number literals of the source (as JSON) that pass the field's sub-schema."""
     validator = make_validator(check)
-    integer = "integer" in _types(check) and "number" not in _types(check)
+    integer = "integer" in schema_types(check) and "number" not in schema_types(check)
     out: dict[str, None] = {}
     for doc in docs:
         for lit, _, _ in source_numbers(doc):
@@ -98,7 +98,7 @@ def number_candidates(docs: Sequence[str], check: dict) -> list[str]:
     return list(out)
 
 
-def _constraint_summary(node: dict) -> str:
+def constraint_summary(node: dict) -> str:
     keys = {k: node[k] for k in ("type", "pattern", "format", "enum", "const", "minLength", "maxLength",
                                  "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
             if k in node}

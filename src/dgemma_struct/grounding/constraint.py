@@ -16,10 +16,10 @@ from dgemma_struct.constraints.json_schema import make_validator, prepare_json_s
 from dgemma_struct.constraints.lru import BoundedLRU
 from dgemma_struct.constraints.safety import clip, engine_guard
 from dgemma_struct.errors import ConstraintCompileTimeout, DgemmaStructError, GroundingError, SchemaError
-from dgemma_struct.grounding.grammar import _GrammarBuilder, _limits
-from dgemma_struct.grounding.schema import _SchemaView
-from dgemma_struct.grounding.sources import GroundedSpan, _Doc, grounded_sources
-from dgemma_struct.grounding.spec import GRANULARITIES, GROUND_LEVELS, _schema_of, _strip_markers
+from dgemma_struct.grounding.grammar import GrammarBuilder, grammar_limits
+from dgemma_struct.grounding.schema import SchemaView
+from dgemma_struct.grounding.sources import GroundedSpan, Doc, grounded_sources
+from dgemma_struct.grounding.spec import GRANULARITIES, GROUND_LEVELS, schema_of, strip_markers
 
 
 class GroundedConstraint(Constraint):
@@ -32,20 +32,20 @@ class GroundedConstraint(Constraint):
         # compiled here with the grounded limits (large lexemes not precomputed, see _LIMITS_KW) and
         # handed to the base class as its template
         with engine_guard("compiling the grounded constraint"):
-            template = llg.LLMatcher(info.lltok, grammar, log_level=0, limits=_limits())
+            template = llg.LLMatcher(info.lltok, grammar, log_level=0, limits=grammar_limits())
             err = template.get_error() if template.is_error() else ""
         if err:
             raise _compile_error(err)
         super().__init__("json", grammar, info, schema=schema, semantic_keywords=semantic_keywords,
-                         validator=make_validator(_strip_markers(schema)), pydantic_adapter=pydantic_adapter,
+                         validator=make_validator(strip_markers(schema)), pydantic_adapter=pydantic_adapter,
                          description=f"grounded json ({n_grounded} grounded fields, {len(sources)} documents)",
                          template=template)
         self.sources = sources
         self.ground = ground
         self.granularity = granularity
         self.lark = lark
-        self._docs = [_Doc(d) for d in sources]
-        self._view = _SchemaView(schema, sources, ground=ground, granularity=granularity)
+        self._docs = [Doc(d) for d in sources]
+        self._view = SchemaView(schema, sources, ground=ground, granularity=granularity)
 
     def canvas_walker(self) -> "_GroundedWalker":
         return _GroundedWalker(self)
@@ -126,7 +126,7 @@ def compile_grounded(schema: Any, tokenizer: Any, *, source: str | Sequence[str]
         raise GroundingError(f"granularity must be one of {GRANULARITIES}, not {granularity!r}")
     docs = grounded_sources(None, source)
     info = get_tokenizer_info(tokenizer, stop_token_ids, vocab_size)
-    js, adapter = _schema_of(schema)
+    js, adapter = schema_of(schema)
     key = None
     if use_cache:
         h = hashlib.sha256("\x00".join(docs).encode("utf-8", "surrogatepass")).hexdigest()
@@ -136,8 +136,8 @@ def compile_grounded(schema: Any, tokenizer: Any, *, source: str | Sequence[str]
         if c is not None:
             return c
     # schema checks (metaschema, refs, bounds) and the keywords the grammar leaves to validation
-    plan = prepare_json_schema(_strip_markers(js), info.lltok, strict=strict, limits=_limits())
-    builder = _GrammarBuilder(js, docs, ground=ground, granularity=granularity, lltok=info.lltok)
+    plan = prepare_json_schema(strip_markers(js), info.lltok, strict=strict, limits=grammar_limits())
+    builder = GrammarBuilder(js, docs, ground=ground, granularity=granularity, lltok=info.lltok)
     lark = builder.build()
     with engine_guard("building the grounded grammar"):
         grammar = llg.LLMatcher.grammar_from_lark(lark)

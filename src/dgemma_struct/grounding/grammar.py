@@ -11,10 +11,10 @@ import llguidance as llg
 
 from dgemma_struct.constraints.json_schema import json_options, prepare_json_schema
 from dgemma_struct.errors import GroundingError, SchemaError
-from dgemma_struct.grounding.candidates import _STRING_KWS, _constraint_summary, number_candidates, string_candidates
-from dgemma_struct.grounding.schema import _Leaf, _SchemaView
+from dgemma_struct.grounding.candidates import STRING_KWS, constraint_summary, number_candidates, string_candidates
+from dgemma_struct.grounding.schema import Leaf, SchemaView
 from dgemma_struct.grounding.sources import chunk_offsets
-from dgemma_struct.grounding.spec import _fmt, _strip_markers, _types
+from dgemma_struct.grounding.spec import fmt, strip_markers, schema_types
 
 # The plain path's limits, but without precomputing large lexemes and with more lexer fuel per step:
 # the span lexeme of a 2,000-word source exhausts the initial lexer fuel when precomputed (0.2 s,
@@ -24,7 +24,7 @@ _LIMITS_KW = dict(max_grammar_size=500_000, initial_lexer_fuel=2_000_000, max_le
                   precompute_large_lexemes=False, step_lexer_fuel=10_000_000)
 
 
-def _limits() -> Any:
+def grammar_limits() -> Any:
     return llg.LLParserLimits(**_LIMITS_KW)
 
 
@@ -38,7 +38,7 @@ def _lark_lit(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
 
-class _GrammarBuilder(_SchemaView):
+class GrammarBuilder(SchemaView):
     """Writes the Lark grammar of a schema with grounded fields (see the package docstring)."""
 
     def __init__(self, root: Any, docs: tuple[str, ...], *, ground: str | None, granularity: str, lltok: Any):
@@ -59,16 +59,16 @@ class _GrammarBuilder(_SchemaView):
     # -- expressions ----------------------------------------------------------------------------
     def json_piece(self, node: Any, path: tuple) -> str:
         """``%json {...}`` for an ungrounded sub-schema (relaxed like the plain JSON path)."""
-        sub = _strip_markers(node)
+        sub = strip_markers(node)
         if isinstance(sub, bool):
             sub = {} if sub else {"not": {}}
         sub = dict(sub)
         for k, v in self._defs.items():
-            sub.setdefault(k, _strip_markers(v))
+            sub.setdefault(k, strip_markers(v))
         try:
-            plan = prepare_json_schema(sub, self.lltok, limits=_limits())
+            plan = prepare_json_schema(sub, self.lltok, limits=grammar_limits())
         except SchemaError as e:
-            raise type(e)(f"{_fmt(path)}: {e}") from None
+            raise type(e)(f"{fmt(path)}: {e}") from None
         g = dict(plan.grammar_schema) if isinstance(plan.grammar_schema, dict) else {}
         g["x-guidance"] = self._json_opts
         return "%json " + json.dumps(g, ensure_ascii=False)
@@ -104,9 +104,9 @@ class _GrammarBuilder(_SchemaView):
             if len(parts) == 1:
                 merged = parts[0] if not rest else {**(self.resolve(parts[0], path)[0] or {}), **rest}
                 return self.expr(merged, path)
-            raise GroundingError(f"{_fmt(path)}: grounded fields inside an allOf of several schemas are not "
+            raise GroundingError(f"{fmt(path)}: grounded fields inside an allOf of several schemas are not "
                                  "supported; merge them into one schema", path=path)
-        types = _types(node)
+        types = schema_types(node)
         if len(types) > 1:
             alts = [self.expr({**node, "type": t}, path) for t in types]
             return "(" + " | ".join(alts) + ")"
@@ -115,7 +115,7 @@ class _GrammarBuilder(_SchemaView):
             return self.object_expr(node, path)
         if t == "array":
             return self.array_expr(node, path)
-        raise GroundingError(f"{_fmt(path)}: cannot place grounded fields under this schema "
+        raise GroundingError(f"{fmt(path)}: cannot place grounded fields under this schema "
                              f"({', '.join(sorted(node)) or 'empty'})", path=path)
 
     def object_expr(self, node: dict, path: tuple) -> str:
@@ -124,7 +124,7 @@ class _GrammarBuilder(_SchemaView):
         names = list(props)
         missing = [r for r in required if r not in props]
         if missing:
-            raise GroundingError(f"{_fmt(path)}: required properties {missing} have no schema; a grounded object "
+            raise GroundingError(f"{fmt(path)}: required properties {missing} have no schema; a grounded object "
                                  "needs every required property declared", path=path)
         if not names:
             return '"{}"'
@@ -151,14 +151,14 @@ class _GrammarBuilder(_SchemaView):
 
     def array_expr(self, node: dict, path: tuple) -> str:
         if node.get("prefixItems") is not None or isinstance(node.get("items"), list):
-            raise GroundingError(f"{_fmt(path)}: grounded fields in tuple arrays (prefixItems) are not supported",
+            raise GroundingError(f"{fmt(path)}: grounded fields in tuple arrays (prefixItems) are not supported",
                                  path=path)
         items = node.get("items", {})
         item = self.expr(items, path + ("items",))
         lo = int(node.get("minItems", 0) or 0)
         hi = node.get("maxItems")
         if hi is not None and int(hi) < lo:
-            raise SchemaError(f"{_fmt(path)}: maxItems < minItems")
+            raise SchemaError(f"{fmt(path)}: maxItems < minItems")
         name = self.fresh("arr")
         self.rules.append(f"{name}_i: {item}")
         more_lo = max(lo - 1, 0)
@@ -169,25 +169,25 @@ class _GrammarBuilder(_SchemaView):
         return f'"[" {body} "]"' if lo >= 1 else f'"[" ({body})? "]"'
 
     # -- leaves ---------------------------------------------------------------------------------
-    def leaf_expr(self, node: dict, leaf: _Leaf, path: tuple) -> str:
+    def leaf_expr(self, node: dict, leaf: Leaf, path: tuple) -> str:
         self.grounded_count += 1
-        check = _strip_markers(node)
+        check = strip_markers(node)
         for k, v in self._defs.items():
             check.setdefault(k, v)
-        nullable = "null" in _types(node)
+        nullable = "null" in schema_types(node)
         if leaf.kind == "number":
             lits = number_candidates(self.docs, check)
             if not lits:
-                raise GroundingError(f"{_fmt(path)}: no number written in the source satisfies this field "
-                                     f"({_constraint_summary(node)})", path=path)
+                raise GroundingError(f"{fmt(path)}: no number written in the source satisfies this field "
+                                     f"({constraint_summary(node)})", path=path)
             name = self.fresh("GN")
             self.rules.append(f"{name}: " + " | ".join(_lark_lit(x) for x in lits))
         else:
-            constrained = any(k in node for k in _STRING_KWS)
+            constrained = any(k in node for k in STRING_KWS)
             cands = string_candidates(self.docs, check, leaf.granularity) if constrained else None
             if cands is not None and not cands:
-                raise GroundingError(f"{_fmt(path)}: no span of the source satisfies this field "
-                                     f"({_constraint_summary(node)})", path=path)
+                raise GroundingError(f"{fmt(path)}: no span of the source satisfies this field "
+                                     f"({constraint_summary(node)})", path=path)
             if cands is not None:
                 name = self.fresh("GS")
                 self.rules.append(f"{name}: " + " | ".join(_lark_lit(json.dumps(c, ensure_ascii=False))

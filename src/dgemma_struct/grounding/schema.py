@@ -1,5 +1,5 @@
 """Reading a schema with grounded fields: following local ``$ref``s, telling which sub-schemas are
-grounded leaves (:class:`_Leaf`) and which hold one below them, and finding the grounded values
+grounded leaves (:class:`Leaf`) and which hold one below them, and finding the grounded values
 of a JSON value."""
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ from typing import Any, Iterable
 
 from dgemma_struct.constraints.json_schema import make_validator
 from dgemma_struct.errors import GroundingError, SchemaError
-from dgemma_struct.grounding.sources import _Doc
-from dgemma_struct.grounding.spec import GROUND_KEY, _fmt, _marker_mode, _strip_markers, _types
+from dgemma_struct.grounding.sources import Doc
+from dgemma_struct.grounding.spec import GROUND_KEY, fmt, marker_mode, strip_markers, schema_types
 
 
 @dataclass
-class _Leaf:
+class Leaf:
     kind: str           # "string" | "number"
     granularity: str
 
 
-class _SchemaView:
+class SchemaView:
     """A schema (``root``) as seen by grounding over ``docs``: which of its fields are grounded
     under the request's ``ground`` level and default ``granularity``."""
 
@@ -37,10 +37,10 @@ class _SchemaView:
         while isinstance(node, dict) and isinstance(node.get("$ref"), str):
             ref = node["$ref"]
             if ref in seen:
-                raise SchemaError(f"{_fmt(path)}: $ref cycle through {ref}")
+                raise SchemaError(f"{fmt(path)}: $ref cycle through {ref}")
             seen.add(ref)
             if not ref.startswith("#"):
-                raise GroundingError(f"{_fmt(path)}: only local $refs are supported with grounding, not {ref!r}",
+                raise GroundingError(f"{fmt(path)}: only local $refs are supported with grounding, not {ref!r}",
                                      path=path)
             target: Any = self.root
             for part in [p for p in ref[1:].split("/") if p]:
@@ -50,7 +50,7 @@ class _SchemaView:
                 elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
                     target = target[int(part)]
                 else:
-                    raise SchemaError(f"{_fmt(path)}: dangling $ref {ref!r}", keywords=["$ref"])
+                    raise SchemaError(f"{fmt(path)}: dangling $ref {ref!r}", keywords=["$ref"])
             siblings = {k: v for k, v in node.items() if k not in ("$ref", "description", "title", "default")}
             if siblings and isinstance(target, dict):
                 node = {**target, **siblings}
@@ -59,25 +59,25 @@ class _SchemaView:
                 node = target
         return node, ref
 
-    def leaf(self, node: Any, path: tuple) -> _Leaf | None:
+    def leaf(self, node: Any, path: tuple) -> Leaf | None:
         """Is ``node`` (already resolved) a grounded leaf? Raises on grounding a non-leaf type."""
         if not isinstance(node, dict):
             return None
         marker = node.get(GROUND_KEY)
-        types = _types(node)
+        types = schema_types(node)
         if marker is not None:
-            mode = _marker_mode(marker, self.granularity, path)
+            mode = marker_mode(marker, self.granularity, path)
             if mode is None:
                 return None
             scalar = [t for t in types if t != "null"]
             if not scalar or any(t not in ("string", "number", "integer") for t in scalar):
                 raise GroundingError(
-                    f"{_fmt(path)}: only string and number fields can be grounded, not "
+                    f"{fmt(path)}: only string and number fields can be grounded, not "
                     f"{'/'.join(types) or 'an untyped field'} (mark the items of an array instead)", path=path)
             if len(scalar) > 1 and "string" in scalar:
-                raise GroundingError(f"{_fmt(path)}: a grounded field must be a string or a number, not both",
+                raise GroundingError(f"{fmt(path)}: a grounded field must be a string or a number, not both",
                                      path=path)
-            return _Leaf("string" if scalar[0] == "string" else "number", mode)
+            return Leaf("string" if scalar[0] == "string" else "number", mode)
         if self.ground is None or "const" in node:
             return None
         if "enum" in node:
@@ -86,21 +86,21 @@ class _SchemaView:
             vals = node["enum"]
             if self.ground in ("strings", "all") and isinstance(vals, list) and vals and \
                     all(isinstance(v, str) for v in vals) and self.enum_in_source(tuple(vals)):
-                return _Leaf("string", self.granularity)
+                return Leaf("string", self.granularity)
             return None
         scalar = [t for t in types if t != "null"]
         if len(scalar) != 1:
             return None
         if scalar[0] == "string" and self.ground in ("strings", "all"):
-            return _Leaf("string", self.granularity)
+            return Leaf("string", self.granularity)
         if scalar[0] in ("number", "integer") and self.ground in ("numbers", "all"):
-            return _Leaf("number", self.granularity)
+            return Leaf("number", self.granularity)
         return None
 
     def enum_in_source(self, vals: tuple) -> bool:
         hit = self._enum_memo.get(vals)
         if hit is None:
-            docs = [_Doc(d) for d in self.docs]
+            docs = [Doc(d) for d in self.docs]
             hit = self._enum_memo[vals] = any(d.find_string(v, self.granularity) for v in vals for d in docs)
         return hit
 
@@ -132,7 +132,7 @@ class _SchemaView:
                 return True
         return False
 
-    def leaves(self, value: Any, node: Any, path: tuple, depth: int = 0) -> Iterable[tuple[tuple, Any, _Leaf]]:
+    def leaves(self, value: Any, node: Any, path: tuple, depth: int = 0) -> Iterable[tuple[tuple, Any, Leaf]]:
         """``(path, value, leaf)`` for every grounded value in the JSON ``value`` of schema ``node``
         (for a union, the first branch ``value`` is valid against)."""
         if depth > 64:
@@ -153,7 +153,7 @@ class _SchemaView:
                 for br in node[kw]:
                     sub = {**rest, **br} if isinstance(br, dict) and rest and "$ref" not in br else br
                     rs, _ = self.resolve(sub, path)
-                    if make_validator(_strip_markers({**(rs if isinstance(rs, dict) else {}),
+                    if make_validator(strip_markers({**(rs if isinstance(rs, dict) else {}),
                                                       **self._defs})).is_valid(value):
                         yield from self.leaves(value, sub, path, depth + 1)
                         return
@@ -161,7 +161,7 @@ class _SchemaView:
         if isinstance(node.get("allOf"), list) and len(node["allOf"]) == 1:
             yield from self.leaves(value, node["allOf"][0], path, depth + 1)
             return
-        types = _types(node)
+        types = schema_types(node)
         if len(types) > 1:
             for t in types:
                 if (t == "object" and isinstance(value, dict)) or (t == "array" and isinstance(value, list)) or \

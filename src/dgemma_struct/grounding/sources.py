@@ -36,7 +36,7 @@ def chunk_offsets(text: str, granularity: str = "words") -> list[tuple[int, int]
     return out
 
 
-def _bad_edge(ch: str) -> bool:
+def bad_edge(ch: str) -> bool:
     return ch.isspace() or ord(ch) < 0x20 or ch in "\u2028\u2029"
 
 
@@ -47,7 +47,7 @@ def edge_ok(span: str) -> bool:
     """May a free grounded string be ``span``? Non-empty, no whitespace or control character at
     either end, not starting with closing punctuation or ending with a separator (``"Klein,"``),
     at least one letter or digit (not a bare ``-``)."""
-    return bool(span) and not _bad_edge(span[0]) and not _bad_edge(span[-1]) and \
+    return bool(span) and not bad_edge(span[0]) and not bad_edge(span[-1]) and \
         span[0] not in _LEFT_PUNCT and span[-1] not in _RIGHT_PUNCT and any(c.isalnum() for c in span)
 
 
@@ -118,7 +118,7 @@ def grounded_sources(prompt: Any = None, source: str | Sequence[str] | None = No
     return tuple(docs)
 
 
-class _Doc:
+class Doc:
     """One source document with its chunk boundaries (for aligning found values)."""
 
     def __init__(self, text: str):

@@ -36,7 +36,7 @@ class Grounded:
         return js
 
 
-def _marker_mode(marker: Any, default: str, path: tuple) -> str | None:
+def marker_mode(marker: Any, default: str, path: tuple) -> str | None:
     """``x-grounded`` value -> granularity, or None when the field is explicitly not grounded."""
     if marker is False or marker is None:
         return None
@@ -45,12 +45,12 @@ def _marker_mode(marker: Any, default: str, path: tuple) -> str | None:
     if isinstance(marker, dict):
         mode = marker.get("mode", default)
         if mode not in GRANULARITIES:
-            raise GroundingError(f"{_fmt(path)}: x-grounded mode must be one of {GRANULARITIES}, not {mode!r}",
+            raise GroundingError(f"{fmt(path)}: x-grounded mode must be one of {GRANULARITIES}, not {mode!r}",
                                  path=path)
         return mode
     if isinstance(marker, str) and marker in GRANULARITIES:
         return marker
-    raise GroundingError(f"{_fmt(path)}: x-grounded must be true, false or {{\"mode\": \"words\"|\"chars\"}}, "
+    raise GroundingError(f"{fmt(path)}: x-grounded must be true, false or {{\"mode\": \"words\"|\"chars\"}}, "
                          f"not {marker!r}", path=path)
 
 
@@ -70,19 +70,19 @@ def has_grounding(schema: Any) -> bool:
     return walk(schema)
 
 
-def _fmt(path: Sequence) -> str:
+def fmt(path: Sequence) -> str:
     return "/" + "/".join(str(p) for p in path) if path else "<root>"
 
 
-def _strip_markers(x: Any) -> Any:
+def strip_markers(x: Any) -> Any:
     if isinstance(x, dict):
-        return {k: _strip_markers(v) for k, v in x.items() if k != GROUND_KEY}
+        return {k: strip_markers(v) for k, v in x.items() if k != GROUND_KEY}
     if isinstance(x, list):
-        return [_strip_markers(v) for v in x]
+        return [strip_markers(v) for v in x]
     return x
 
 
-def _types(node: dict) -> list[str]:
+def schema_types(node: dict) -> list[str]:
     t = node.get("type")
     if isinstance(t, str):
         return [t]
@@ -105,7 +105,7 @@ def _types(node: dict) -> list[str]:
     return []
 
 
-def _schema_of(schema: Any) -> tuple[Any, Any]:
+def schema_of(schema: Any) -> tuple[Any, Any]:
     """-> (JSON Schema dict, pydantic TypeAdapter or None)."""
     if isinstance(schema, JsonSchema):
         schema = schema.as_dict()

@@ -16,7 +16,7 @@ from dgemma_struct.constraints.schema_checks import with_spec_formats
 from dgemma_struct.constraints.strict_objects import close_objects
 from dgemma_struct.errors import InvalidRequestError, SchemaError
 from dgemma_struct.results import GenerationStats
-from dgemma_struct.tools.declarations import Tool, ToolCallError, _check_choice, normalise_tools
+from dgemma_struct.tools.declarations import Tool, ToolCallError, check_choice, normalise_tools
 from dgemma_struct.tools.grammar import tool_call_grammar
 from dgemma_struct.tools.syntax import MARKER_TOKENS, control_token_id, parse_tool_calls
 
@@ -126,7 +126,7 @@ def compile_tool_calls(tools: Sequence[Any], tokenizer: Any, *, tool_choice: Any
     decl = normalise_tools(tools)
     if not isinstance(parallel_tool_calls, bool):
         raise InvalidRequestError(f"parallel_tool_calls must be a bool, got {parallel_tool_calls!r}")
-    choice, _ = _check_choice(tool_choice, decl)
+    choice, _ = check_choice(tool_choice, decl)
     ids = _marker_ids(tokenizer)
     lark = tool_call_grammar(decl, marker_ids=ids, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
     info = get_tokenizer_info(tokenizer, stop_token_ids=stop_token_ids, vocab_size=vocab_size)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from dgemma_struct.errors import ConstraintError
-from dgemma_struct.tools.syntax import _NAME
+from dgemma_struct.tools.syntax import TOOL_NAME
 
 TOOL_CHOICES = ("auto", "required", "none")
 _MAX_TOOLS = 128
@@ -111,7 +111,7 @@ def normalise_tools(tools: Sequence[Any]) -> list[Tool]:
     seen: set[str] = set()
     for t in tools:
         tool = as_tool(t)
-        if not isinstance(tool.name, str) or not _NAME.fullmatch(tool.name):
+        if not isinstance(tool.name, str) or not TOOL_NAME.fullmatch(tool.name):
             raise ToolCallError(f"tool name {tool.name!r} is not an identifier ([A-Za-z_][A-Za-z0-9_.-]*, ≤ 64 chars)")
         if tool.name in seen:
             raise ToolCallError(f"duplicate tool name {tool.name!r}")
@@ -129,7 +129,7 @@ def normalise_tools(tools: Sequence[Any]) -> list[Tool]:
     return out
 
 
-def _check_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, str | None]:
+def check_choice(tool_choice: Any, tools: Sequence[Tool]) -> tuple[str, str | None]:
     if isinstance(tool_choice, str):
         if tool_choice not in TOOL_CHOICES:
             raise ToolCallError(f"tool_choice must be one of {TOOL_CHOICES} or {{'name': ...}}, got {tool_choice!r}")

@@ -7,9 +7,9 @@ import json
 from typing import Any, Mapping, Sequence
 
 from dgemma_struct.constraints.regex_ascii import ascii_classes
-from dgemma_struct.tools.declarations import Tool, ToolCallError, _check_choice
+from dgemma_struct.tools.declarations import Tool, ToolCallError, check_choice
 from dgemma_struct.tools.numeric import bounded_number_regex
-from dgemma_struct.tools.syntax import _KEY, GEMMA4_MARKERS, encode_arguments
+from dgemma_struct.tools.syntax import KEY, GEMMA4_MARKERS, encode_arguments
 
 _MAX_DEPTH = 24
 _MAX_REPEAT = 64  # array bounds up to this are in the grammar; beyond, validation alone enforces them
@@ -104,7 +104,7 @@ class _GrammarBuilder:
             self.rules["gval"] = (f"gstr | {_NUM} | \"true\" | \"false\" | \"null\" | \"[\" (gval (\",\" gval)*)? \"]\""
                                   f" | \"{{\" (gpair (\",\" gpair)*)? \"}}\"")
             self.rules["gstr"] = f"{self.str_tok} {_STR_BODY} {self.str_tok}"
-            self.rules["gpair"] = f"/{_KEY.pattern}/ \":\" gval"
+            self.rules["gpair"] = f"/{KEY.pattern}/ \":\" gval"
         return self._generic
 
     def ref(self, root: str, ref: str, depth: int) -> str:
@@ -212,7 +212,7 @@ class _GrammarBuilder:
         required = set(s.get("required") or [])
         items: list[tuple[str, bool]] = []
         for key, sub in props.items():
-            if not _KEY.fullmatch(key):
+            if not KEY.fullmatch(key):
                 raise ToolCallError(f"tool {root!r}: property name {key!r} cannot be written as a bare Gemma key")
             rule = self.new("p")
             self.rules[rule] = f"{_lark_str(key + ':')} {self.expr(sub, root, depth + 1)}"
@@ -248,7 +248,7 @@ def tool_call_grammar(tools: Sequence[Tool], *, marker_ids: Mapping[str, int] = 
                       tool_choice: Any = "auto", parallel_tool_calls: bool = True) -> str:
     """The llguidance Lark grammar of the model's answer: calls to the declared tools in Gemma 4's
     format (``"required"`` / a named tool), or calls or free text (``"auto"``), or text only (``"none"``)."""
-    choice, named = _check_choice(tool_choice, tools)
+    choice, named = check_choice(tool_choice, tools)
     s = f"<[{marker_ids['str']}]>"
     b = _GrammarBuilder({t.name: t.parameters for t in tools}, s)
     bodies = []

@@ -10,8 +10,8 @@ from typing import Any, Mapping
 MARKER_TOKENS = {"call_open": "<|tool_call>", "call_close": "<tool_call|>", "str": '<|"|>',
                  "response": "<|tool_response>"}
 GEMMA4_MARKERS = {"call_open": 48, "call_close": 49, "str": 52, "response": 50}
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
-_KEY = re.compile(r"[^\s:,{}\[\]<>\"]{1,128}")
+TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+KEY = re.compile(r"[^\s:,{}\[\]<>\"]{1,128}")
 _NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 
 
@@ -65,7 +65,7 @@ class _Parser:
             if self.take("}"):
                 return obj
             while True:
-                m = _KEY.match(self.s, self.i)
+                m = KEY.match(self.s, self.i)
                 if not m:
                     raise self.error("expected a key")
                 self.i = m.end()
@@ -112,7 +112,7 @@ def parse_tool_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
             break
         p.expect(open_)
         p.expect("call:")
-        m = _NAME.match(p.s, p.i)
+        m = TOOL_NAME.match(p.s, p.i)
         if not m:
             raise p.error("expected a tool name")
         p.i = m.end()

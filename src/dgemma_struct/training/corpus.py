@@ -22,7 +22,7 @@ from typing import Any, Callable
 from dgemma_struct.training.dialect_corpus import tool_example, with_thinking
 from dgemma_struct.training.words import (CITIES, COUNTRIES, DOMAINS, EVENTS, FIRST, JOBS, LAST, MONTHS,  # noqa: F401
                                           NEGATIVE, NEUTRAL, POSITIVE, PRODUCTS, ROOMS, SETTINGS, SKILLS, STATUSES,
-                                          TOPICS, _date, _email, _name, _phone)
+                                          TOPICS, random_date, random_email, random_name, random_phone)
 
 
 def _keys_phrase(keys: list[str]) -> str:
@@ -47,8 +47,8 @@ def _dump(obj: Any) -> str:
 # --- JSON families: each returns (prompt, value, schema) -------------------------------------------
 
 def fam_person(r: random.Random):
-    f, l = _name(r)
-    age, email = r.randrange(18, 90), _email(r, f, l)
+    f, l = random_name(r)
+    age, email = r.randrange(18, 90), random_email(r, f, l)
     sentence = r.choice([f"{f} {l} is {age} years old and can be reached at {email}.",
                          f"Meet {f} {l}, age {age}, email {email}.",
                          f"You can write to {f} {l} ({age}) at {email}."])
@@ -60,8 +60,8 @@ def fam_person(r: random.Random):
 
 
 def fam_contact(r: random.Random):
-    f, l = _name(r)
-    phone, city = _phone(r), r.choice(CITIES)
+    f, l = random_name(r)
+    phone, city = random_phone(r), r.choice(CITIES)
     sentence = r.choice([f"Call {f} {l} in {city} on {phone}.", f"{f} {l} lives in {city}; phone {phone}.",
                          f"Our contact in {city} is {f} {l}, reachable at {phone}."])
     value = {"name": f"{f} {l}", "phone": phone, "city": city}
@@ -73,7 +73,7 @@ def fam_contact(r: random.Random):
 
 
 def fam_event(r: random.Random):
-    iso, natural = _date(r)
+    iso, natural = random_date(r)
     ev, city, n = r.choice(EVENTS), r.choice(CITIES), r.randrange(2, 500)
     sentence = r.choice([f"The {ev} in {city} on {natural} expects {n} guests.",
                          f"On {natural} there is a {ev} in {city} for {n} people.",
@@ -105,7 +105,7 @@ def fam_order(r: random.Random):
 
 
 def fam_employee(r: random.Random):
-    f, l = _name(r)
+    f, l = random_name(r)
     job, city = r.choice(JOBS), r.choice(CITIES)
     sentence = r.choice([f"{f} {l} works as a {job} in {city}.", f"In {city}, {f} {l} is a {job}.",
                          f"{f} {l}, a {job}, is based in {city}, {COUNTRIES[city]}."])
@@ -120,7 +120,7 @@ def fam_employee(r: random.Random):
 
 
 def fam_skills(r: random.Random):
-    f, l = _name(r)
+    f, l = random_name(r)
     skills = r.sample(SKILLS, r.randrange(1, 5))
     listed = ", ".join(skills[:-1]) + (" and " if len(skills) > 1 else "") + skills[-1]
     sentence = r.choice([f"{f} {l} knows {listed}.", f"Skills of {f} {l}: {listed}.",
@@ -134,7 +134,7 @@ def fam_skills(r: random.Random):
 
 
 def fam_booking(r: random.Random):
-    f, l = _name(r)
+    f, l = random_name(r)
     nights, room, breakfast = r.randrange(1, 15), r.choice(ROOMS), r.random() < 0.5
     bf = "with breakfast" if breakfast else "without breakfast"
     sentence = r.choice([f"{f} {l} booked a {room} room for {nights} nights {bf}.",
@@ -148,10 +148,10 @@ def fam_booking(r: random.Random):
 
 
 def fam_optional(r: random.Random):
-    f, l = _name(r)
+    f, l = random_name(r)
     city = r.choice(CITIES)
     has_email = r.random() < 0.5
-    email = _email(r, f, l)
+    email = random_email(r, f, l)
     sentence = f"{f} {l} is from {city}" + (f" and uses {email}." if has_email else ".")
     value = {"name": f"{f} {l}", "city": city}
     if has_email:
@@ -173,17 +173,17 @@ JSON_FAMILIES: dict[str, Callable] = {
 def short_answer(r: random.Random) -> tuple[str, str, str, dict]:
     """Returns (family, prompt, answer, spec-description)."""
     k = r.randrange(7)
-    f, l = _name(r)
+    f, l = random_name(r)
     if k == 0:
-        iso, natural = _date(r)
+        iso, natural = random_date(r)
         s = r.choice([f"{f} {l} was born on {natural}.", f"The contract ends on {natural}."])
         return "date", f"What date is mentioned? Answer as YYYY-MM-DD.\n{s}", iso, {"regex": r"\d{4}-\d{2}-\d{2}"}
     if k == 1:
-        e = _email(r, f, l)
+        e = random_email(r, f, l)
         return "email", f"What is the email address in this text?\nWrite to {f} {l} at {e} today.", e, \
             {"regex": r"[a-z0-9.]+@[a-z]+\.[a-z]+"}
     if k == 2:
-        p = _phone(r)
+        p = random_phone(r)
         return "phone", f"Give the phone number.\nYou can call {f} on {p} after six.", p, \
             {"regex": r"\d{3}-\d{3}-\d{4}"}
     if k == 3:

@@ -51,17 +51,17 @@ TOOLS: dict[str, dict] = {
 
 def _request(r: random.Random, name: str) -> tuple[str, dict[str, Any]]:
     """A user sentence asking for ``name`` and the arguments it implies."""
-    f, l = words._name(r)
+    f, l = words.random_name(r)
     if name == "get_weather":
         city, days = r.choice(words.CITIES), r.randrange(1, 8)
         return r.choice([f"What is the weather in {city} for the next {days} days?",
                          f"Give me a {days} day forecast for {city}."]), {"city": city, "days": days}
     if name == "send_email":
-        to, subject = words._email(r, f, l), r.choice(["meeting", "invoice", "holiday", "report", "dinner"])
+        to, subject = words.random_email(r, f, l), r.choice(["meeting", "invoice", "holiday", "report", "dinner"])
         return r.choice([f"Email {to} about the {subject}.", f"Send a mail to {to} with subject {subject}."]), \
             {"to": to, "subject": subject}
     if name == "book_table":
-        iso, natural = words._date(r)
+        iso, natural = words.random_date(r)
         guests = r.randrange(1, 13)
         return r.choice([f"Book a table for {guests} under {f} {l} on {natural}.",
                          f"Reserve dinner for {f} {l}, {guests} people, {natural}."]), \
@@ -74,7 +74,7 @@ def _request(r: random.Random, name: str) -> tuple[str, dict[str, Any]]:
     if name == "track_order":
         code = f"ORD-{r.randrange(10000, 99999)}"
         return r.choice([f"Where is my order {code}?", f"Track {code} please."]), {"order_id": code}
-    phone = words._phone(r)
+    phone = words.random_phone(r)
     return r.choice([f"Save {f} {l} with number {phone}.", f"Add {f} {l} to my contacts, phone {phone}."]), \
         {"name": f"{f} {l}", "phone": phone}
 

@@ -148,17 +148,17 @@ def string_value(r: random.Random, sub: str) -> str:
     """A string value made by ``sub`` (person, city, email, url, date, phone, code, version, word)."""
     _, _, ws = _vocab()
     if sub == "person":
-        return " ".join(words._name(r))
+        return " ".join(words.random_name(r))
     if sub == "city":
         return r.choice(words.CITIES)
     if sub == "email":
-        return words._email(r, *words._name(r))
+        return words.random_email(r, *words.random_name(r))
     if sub == "url":
         return f"https://{r.choice(words.DOMAINS)}/{r.choice(ws)}"
     if sub == "date":
-        return words._date(r)[0]
+        return words.random_date(r)[0]
     if sub == "phone":
-        return words._phone(r)
+        return words.random_phone(r)
     if sub == "code":
         letters = "".join(r.choice("ABCDEFGHJKLMNPRSTUVWXZ") for _ in range(r.randrange(1, 4)))
         return f"{letters}-{r.randrange(100, 99999)}" if r.random() < 0.7 else f"{letters}{r.randrange(10, 9999)}"

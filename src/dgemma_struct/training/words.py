@@ -54,21 +54,21 @@ TOPICS = {"sports": ["The team won the final after extra time.", "She ran the ma
                    "The company released a faster database."]}
 
 
-def _name(r: random.Random) -> tuple[str, str]:
+def random_name(r: random.Random) -> tuple[str, str]:
     return r.choice(FIRST), r.choice(LAST)
 
 
-def _email(r: random.Random, first: str, last: str) -> str:
+def random_email(r: random.Random, first: str, last: str) -> str:
     style = r.randrange(3)
     local = [f"{first}.{last}", f"{first[0]}{last}", f"{first}{r.randrange(10, 99)}"][style].lower()
     return f"{local}@{r.choice(DOMAINS)}"
 
 
-def _phone(r: random.Random) -> str:
+def random_phone(r: random.Random) -> str:
     return f"{r.randrange(200, 999)}-{r.randrange(100, 999)}-{r.randrange(1000, 9999)}"
 
 
-def _date(r: random.Random) -> tuple[str, str]:
+def random_date(r: random.Random) -> tuple[str, str]:
     y, m, d = r.randrange(1990, 2030), r.randrange(1, 13), r.randrange(1, 29)
     natural = r.choice([f"{MONTHS[m - 1]} {d}, {y}", f"{d} {MONTHS[m - 1]} {y}"])
     return f"{y:04d}-{m:02d}-{d:02d}", natural
