@@ -151,10 +151,10 @@ class StructuredGenerator:
             if self.isolate_compile and not isinstance(spec, Constraint):
                 spec = await asyncio.to_thread(isolated_constraint_for, spec, self.runtime)
             batcher = _batcher_for(self.runtime, **self._batcher_opts)
+            sampling = {k: v for k, v in (("temperature", temperature), ("top_p", top_p)) if v is not None}
             return await batcher.submit(prompt, spec, max_new_tokens=max_new_tokens or self.max_new_tokens,
                                         seed=self.seed if seed == -1 else seed,
-                                        timeout_s=timeout_s or self.timeout_s, temperature=temperature,
-                                        top_p=top_p)
+                                        timeout_s=timeout_s or self.timeout_s, **sampling)
         except (DgemmaStructError, QueueFull, ShuttingDown) as err:
             if self.raise_http:
                 raise to_http_exception(err) from err

@@ -13,6 +13,7 @@ from server_harness import running_server
 
 from dgemma_struct.api import constraint_for
 from dgemma_struct.errors import ConstraintEngineError
+from dgemma_struct.options import GenerateOptions
 from dgemma_struct.server.batcher import Batcher
 from dgemma_struct.server.jobs import Job
 
@@ -67,9 +68,9 @@ def test_a_base_exception_in_one_row_is_contained(rt):
     b = Batcher(rt, max_batch_size=4, max_wait_ms=1)
     loop = asyncio.new_event_loop()
     try:
-        jobs = [Job("a", c, 24, 0, time.monotonic() + 60, loop, timeout_s=60),
-                _PanickyJob("b", c, 24, 0, time.monotonic() + 60, loop, timeout_s=60),
-                Job("c", c, 24, 0, time.monotonic() + 60, loop, timeout_s=60)]
+        jobs = [Job("a", c, GenerateOptions(max_new_tokens=24), time.monotonic() + 60, loop, timeout_s=60),
+                _PanickyJob("b", c, GenerateOptions(max_new_tokens=24), time.monotonic() + 60, loop, timeout_s=60),
+                Job("c", c, GenerateOptions(max_new_tokens=24), time.monotonic() + 60, loop, timeout_s=60)]
         jobs[1]._armed = True
         got = {}
         for j in jobs:
@@ -87,7 +88,7 @@ def test_deadline_starts_when_the_request_runs(rt):
     b = Batcher(rt, max_batch_size=1, max_wait_ms=0, queue_timeout_s=120)
     loop = asyncio.new_event_loop()
     try:
-        job = Job("x", None, 8, 0, time.monotonic() + 120, loop, timeout_s=5.0)
+        job = Job("x", None, GenerateOptions(max_new_tokens=8), time.monotonic() + 120, loop, timeout_s=5.0)
         time.sleep(0.2)                                  # "queued" for a while
         job.start()
         assert job.deadline - job.started == 5.0

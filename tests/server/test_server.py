@@ -12,6 +12,8 @@ import jsonschema
 import openai
 import pytest
 
+from dgemma_struct.options import GenerateOptions
+
 from server_harness import running_server
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
@@ -346,7 +348,7 @@ def test_a_cancelled_row_leaves_a_running_batch():
         from dgemma_struct.api import constraint_for
 
         c = constraint_for(schema, rt)
-        jobs = [Job(p, c, 48, 0, time.monotonic() + 60, loop, future=loop.create_future()) for p in ("a", "b")]
+        jobs = [Job(p, c, GenerateOptions(max_new_tokens=48), time.monotonic() + 60, loop, future=loop.create_future()) for p in ("a", "b")]
         jobs[1].deadline = time.monotonic()  # its deadline passes as the batch starts
         got = {}
         for j in jobs:
@@ -356,3 +358,29 @@ def test_a_cancelled_row_leaves_a_running_batch():
         assert not isinstance(got["a"], Exception)
     finally:
         loop.close()
+
+
+def test_a_job_carries_one_options_object_to_its_row():
+    """HTTP fields become a GenerateOptions once; the job carries it and the scheduler row is built
+    from it (no knob is passed through the server's signatures one by one)."""
+    from types import SimpleNamespace
+
+    from dgemma_struct.server.batcher import Batcher
+    from dgemma_struct.server.generation import row_request
+    from dgemma_struct.server.protocol import generation_options
+    from dgemma_struct.testing import tiny_runtime
+
+    rt = tiny_runtime()
+    req = SimpleNamespace(seed=-1, temperature=0.7, top_p=0.9, max_thinking_tokens=None)
+    opts = generation_options(req, max_tokens=12, logprobs=2)
+    assert (opts.max_new_tokens, opts.seed, opts.temperature, opts.top_p, opts.logprobs) == (12, 2 ** 63 - 1, 0.7, 0.9, 2)
+    b = Batcher(rt, max_batch_size=2)
+
+    async def make():
+        return b._job("hi", None, opts, {"max_new_tokens": 8}, 30.0)
+    job = asyncio.run(make())
+    assert job.options.max_new_tokens == 8 and job.options.logprobs == 2
+    row = row_request(rt, job, max_repairs=1)
+    assert (row.max_new_tokens, row.seed, row.temperature, row.top_p, row.logprobs) == (8, 2 ** 63 - 1, 0.7, 0.9, 2)
+    with pytest.raises(TypeError, match="max_repairs"):
+        asyncio.run(b.submit("hi", None, max_repairs=3))

@@ -36,11 +36,12 @@ from typing import Any, AsyncIterator
 
 from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler
 from dgemma_struct.errors import GenerationTimeout
+from dgemma_struct.options import GenerateOptions
 from dgemma_struct.results import CanvasEvent, GenerationResult
 from dgemma_struct.runtime import DiffusionRuntime
 
 from .http_errors import QueueFull, ShuttingDown
-from .generation import row_request
+from .generation import JOB_KNOBS, row_request
 from .jobs import DONE, Job, take, typed_error
 from .rowclock import RowClock, fill_stats
 
@@ -128,12 +129,13 @@ class Batcher:
         except queue.Full:
             raise QueueFull(f"the request queue is full ({self._q.maxsize} waiting); retry later") from None
 
-    def _job(self, prompt: Any, spec: Any, max_new_tokens: int, seed: int | None, timeout_s: float,
-             temperature: float | None, top_p: float | None, **kw: Any) -> Job:
+    def _job(self, prompt: Any, spec: Any, options: GenerateOptions | None, knobs: dict[str, Any], timeout_s: float,
+             **kw: Any) -> Job:
+        opts = GenerateOptions.build(options, knobs, verb="Batcher.submit", allowed=JOB_KNOBS)
         loop = asyncio.get_running_loop()
         wait = self.queue_timeout_s if self.queue_timeout_s is not None else timeout_s
-        return Job(prompt, spec, max_new_tokens, seed, time.monotonic() + wait, loop, timeout_s=timeout_s,
-                   temperature=temperature, top_p=top_p, on_done=self._observe if self.metrics else None, **kw)
+        return Job(prompt, spec, opts, time.monotonic() + wait, loop, timeout_s=timeout_s,
+                   on_done=self._observe if self.metrics else None, **kw)
 
     async def _wait_started(self, job: Job, timeout_s: float) -> None:
         """Returns once the worker started ``job``; :class:`GenerationTimeout` if it waited in the
@@ -148,17 +150,15 @@ class Batcher:
                                         " s without starting")
             await asyncio.sleep(min(0.02, left))
 
-    async def submit(self, prompt: Any, spec: Any, *, max_new_tokens: int, seed: int | None = 0,
-                     timeout_s: float = 60.0, temperature: float | None = None,
-                     top_p: float | None = None, thinking: Any = False,
-                     max_thinking_tokens: int | None = None, logprobs: int | None = None) -> GenerationResult:
+    async def submit(self, prompt: Any, spec: Any, options: GenerateOptions | None = None, *,
+                     timeout_s: float = 60.0, **knobs: Any) -> GenerationResult:
         """Queue one request and wait for its result; raises the row's typed error,
         :class:`QueueFull`, or :class:`GenerationTimeout` (``timeout_s`` after it started running,
-        or when it waited longer than ``queue_timeout_s`` in the queue). ``logprobs=k``: the result
-        carries each token's logprob and ``k`` alternatives."""
-        job = self._job(prompt, spec, max_new_tokens, seed, timeout_s, temperature, top_p,
-                        future=asyncio.get_running_loop().create_future(), thinking=thinking,
-                        max_thinking_tokens=max_thinking_tokens, logprobs=logprobs)
+        or when it waited longer than ``queue_timeout_s`` in the queue). ``options`` / ``knobs``: the
+        request's :class:`~dgemma_struct.options.GenerateOptions` (the knobs in :data:`JOB_KNOBS`,
+        e.g. ``max_new_tokens``, ``seed``, ``temperature``, ``logprobs``), carried to the row as one
+        object."""
+        job = self._job(prompt, spec, options, knobs, timeout_s, future=asyncio.get_running_loop().create_future())
         self._enqueue(job)
         try:
             waiter = asyncio.ensure_future(self._wait_started(job, timeout_s))
@@ -174,13 +174,13 @@ class Batcher:
         finally:
             job.cancelled = True   # no-op when done; drops it from the queue otherwise
 
-    async def stream(self, prompt: Any, spec: Any, *, max_new_tokens: int, seed: int | None = 0,
-                     timeout_s: float = 60.0, temperature: float | None = None,
-                     top_p: float | None = None) -> AsyncIterator[Any]:
-        """Queue a streaming request; yields :class:`~dgemma_struct.results.CanvasEvent` objects,
-        the last with ``done=True``. Typed errors are raised from the iterator. Closing the
-        iterator early (client disconnect) cancels the request without touching the worker."""
-        job = self._job(prompt, spec, max_new_tokens, seed, timeout_s, temperature, top_p, events=asyncio.Queue())
+    async def stream(self, prompt: Any, spec: Any, options: GenerateOptions | None = None, *,
+                     timeout_s: float = 60.0, **knobs: Any) -> AsyncIterator[Any]:
+        """Queue a streaming request (options as :meth:`submit`); yields
+        :class:`~dgemma_struct.results.CanvasEvent` objects, the last with ``done=True``. Typed errors
+        are raised from the iterator. Closing the iterator early (client disconnect) cancels the
+        request without touching the worker."""
+        job = self._job(prompt, spec, options, knobs, timeout_s, events=asyncio.Queue())
         self._enqueue(job)
         try:
             await self._wait_started(job, timeout_s)

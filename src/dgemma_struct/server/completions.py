@@ -17,10 +17,12 @@ from dgemma_struct.choice_scores import score_choices
 from dgemma_struct.constraints import Regex
 from dgemma_struct.errors import DgemmaStructError, LengthError
 from dgemma_struct.grounding import prompt_with_sources
+from dgemma_struct.options import offset_seed
 
 from .http_errors import APIError, api_error_for
 from .logprobs import chat_logprobs, completion_logprobs, cut_to
-from .protocol import (apply_stop, check_text, choice_estimator_of, estimated_prompt_tokens, logprobs_of, spec_of,
+from .protocol import (apply_stop, check_text, choice_estimator_of, estimated_prompt_tokens, generation_options,
+                       logprobs_of, spec_of,
                        stops_of, thinking_of)
 from .responses import (ChatChoice, ChatCompletion, AssistantMessage, Completion, CompletionChoice, Usage,
                         json_response)
@@ -216,19 +218,15 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
             check_context(n_prompt[0], max_tokens, state.runtime.max_context, tool_req)
         except DgemmaStructError as err:
             raise api_error_for(err) from None
-    seed = None if req.seed is None else int(req.seed) % (2 ** 63)
-    sampling = {"temperature": req.temperature, "top_p": req.top_p}
-    think = {"thinking": thinking, "max_thinking_tokens": req.max_thinking_tokens} if thinking is not False else {}
-    lp = {"logprobs": top} if top is not None else {}
-    if req.stream and state.config.stream_live and not use_tools and not think and grounded is None and not lp:
+    opts = generation_options(req, max_tokens=max_tokens, thinking=thinking, logprobs=top)
+    lp = opts.logprobs is not None
+    if req.stream and state.config.stream_live and not use_tools and not opts.thinks and grounded is None and not lp:
         if len(prompts) != 1 or n != 1:
             raise APIError(400, "live streaming takes one prompt and n=1", param="n",
                            code="unsupported_parameter")
-        return await stream_live(state, req, prompts[0], specs[0], max_tokens, seed, n_prompt[0], stops,
-                                 sampling, chat=chat)
-    coros = [state.batcher.submit(p, c, max_new_tokens=max_tokens,
-                                  seed=None if seed is None else (seed + j) % (2 ** 63),
-                                  timeout_s=state.config.request_timeout_s, **sampling, **think, **lp)
+        return await stream_live(state, req, prompts[0], specs[0], opts, n_prompt[0], stops, chat=chat)
+    coros = [state.batcher.submit(p, c, opts if opts.seed is None else opts.with_overrides(seed=offset_seed(opts.seed, j)),
+                                  timeout_s=state.config.request_timeout_s)
              for p, c in zip(prompts, specs) for j in range(n)]
     try:
         results = await _gather(coros, request, param)
@@ -243,7 +241,7 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     extras: list[dict[str, Any]] = []
     for r, c, row in zip(results, row_specs, rows):
         extra: dict[str, Any] = {}
-        if think:
+        if opts.thinks:
             extra["reasoning_content"] = getattr(r, "reasoning", None)
         if grounded is not None:
             extra["grounding"] = _spans_of(c, row[0]) if row[1] != "length" else None

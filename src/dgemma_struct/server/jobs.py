@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dgemma_struct.errors import ConstraintEngineError, DgemmaStructError
+from dgemma_struct.options import GenerateOptions
 
 #: What the worker pushes to a streaming job after its last event.
 DONE = object()
@@ -19,8 +20,7 @@ DONE = object()
 class Job:
     prompt: Any
     spec: Any                       # a compiled Constraint, any spec generate() accepts, or None (free text)
-    max_new_tokens: int
-    seed: int | None
+    options: GenerateOptions        # every generation knob, built once from the request (seed None: fresh)
     deadline: float                 # time.monotonic(); while queued: the queue deadline, then the run deadline
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future | None = None
@@ -28,12 +28,7 @@ class Job:
     cancelled: bool = False
     enqueued: float = field(default_factory=time.monotonic)
     timeout_s: float | None = None  # run time allowed once the job starts (None: keep ``deadline``)
-    temperature: float | None = None
-    top_p: float | None = None
     started: float | None = None
-    thinking: Any = False           # False, True (thought block required) or "optional"
-    max_thinking_tokens: int | None = None
-    logprobs: int | None = None     # None: off; k: each token's logprob and k top alternatives
     on_done: Callable[["Job", Any], None] | None = None   # called once with the result or error (metrics)
     model_s: float = 0.0            # this job's share of model / constraint time (continuous rows)
     mask_s: float = 0.0
@@ -43,10 +38,6 @@ class Job:
         self.started = time.monotonic()
         if self.timeout_s is not None:
             self.deadline = self.started + self.timeout_s
-
-    @property
-    def sampling(self) -> tuple:
-        return (self.temperature, self.top_p)
 
     @property
     def streaming(self) -> bool:

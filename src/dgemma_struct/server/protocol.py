@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from dgemma_struct.constraints import Choice, Grammar, Regex
 from dgemma_struct.constraints.strict_objects import close_objects
 from dgemma_struct.engine.token_logprobs import MAX_TOP_LOGPROBS
-from dgemma_struct.prompts import min_template_tokens
+from dgemma_struct.options import GenerateOptions
+from dgemma_struct.prompts import MAX_SEED, min_template_tokens
 
 from .http_errors import APIError
 
@@ -327,6 +328,22 @@ def check_messages(messages: Any) -> None:
     if chars > MAX_MESSAGE_CHARS:
         raise APIError(400, f"the messages hold {chars} characters (at most {MAX_MESSAGE_CHARS})", param="messages",
                        code="messages_too_long")
+
+
+def generation_options(req: Any, *, max_tokens: int, thinking: Any = False,
+                       logprobs: int | None = None) -> GenerateOptions:
+    """The request's generation knobs as one :class:`~dgemma_struct.options.GenerateOptions`, made
+    once here and carried by the job to its scheduler row (``seed`` wrapped into the valid range;
+    ``None``: a fresh seed per row)."""
+    knobs: dict[str, Any] = dict(max_new_tokens=max_tokens, logprobs=logprobs, temperature=req.temperature,
+                                 seed=None if req.seed is None else int(req.seed) % (MAX_SEED + 1))
+    if req.top_p is not None:
+        knobs["top_p"] = req.top_p
+    if thinking is not False:
+        knobs["thinking"] = thinking
+        if req.max_thinking_tokens is not None:
+            knobs["max_thinking_tokens"] = req.max_thinking_tokens
+    return GenerateOptions(**knobs)
 
 
 def estimated_prompt_tokens(prompt: Any) -> int:

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
+from dgemma_struct.options import GenerateOptions
 from dgemma_struct.errors import LengthError
 
 from .http_errors import APIError, api_error_for
@@ -112,13 +113,11 @@ def stream_validated(state: ServerState, req: Any, rid: str, rows: list[tuple], 
     return event_stream(sse())
 
 
-async def stream_live(state: ServerState, req: Any, prompt: Any, constraint: Any, max_tokens: int,
-                      seed: int | None, n_prompt: int, stops: list[str], sampling: dict, *,
-                      chat: bool) -> StreamingResponse:
+async def stream_live(state: ServerState, req: Any, prompt: Any, constraint: Any, options: GenerateOptions,
+                      n_prompt: int, stops: list[str], *, chat: bool) -> StreamingResponse:
     """``stream_live``: committed canvases go out as they are produced. A repair may rewrite
     text already sent; the stream then ends with a 422 ``stream_diverged`` error event."""
-    events = state.batcher.stream(prompt, constraint, max_new_tokens=max_tokens, seed=seed,
-                                  timeout_s=state.config.request_timeout_s, **sampling)
+    events = state.batcher.stream(prompt, constraint, options, timeout_s=state.config.request_timeout_s)
     try:
         first = await events.__anext__()   # errors before the first canvas are plain HTTP errors
     except StopAsyncIteration:
