@@ -27,8 +27,7 @@ from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, 
 from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
                        has_wide_number, is_ecma_regex)
 from .safety import check_schema_input, clip, engine_guard, is_limit_error, written_here
-from .schema_checks import check_schema, is_number, iter_subschemas
-from .schema_checks import jsonschema_rs as _rs
+from .schema_checks import check_schema, format_checks, is_number, iter_subschemas, spec_format_valid
 
 
 __all__ = ["JsonPlan", "prepare_json_schema", "make_validator", "iter_issues", "missing_format_extras"]
@@ -72,11 +71,12 @@ def _format_checker(cls: Any) -> Any:
     if fc is None:
         base = getattr(cls, "FORMAT_CHECKER", None) or jsonschema.FormatChecker()
         fc = jsonschema.FormatChecker(formats=())
-        fc.checkers = {**jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers, **base.checkers}
-        # jsonschema's email check is only "contains @": use one that follows RFC 5321/5322
-        fc.checkers["email"] = (_is_email, ())
-        fc.checkers["idn-email"] = (_is_email, ())
-        fc.checkers["regex"] = (is_ecma_regex, ())  # ECMA-262, as JSON Schema defines it (not Python's re)
+        # jsonschema's email check is only "contains @", its regex check is Python's re: without
+        # jsonschema-rs, an RFC 5321/5322 check and ECMA-262 (as JSON Schema defines it); with it, the
+        # one spec-following checker for every format it knows (grounding's, tool arguments' ...)
+        fc.checkers = {**jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers, **base.checkers,
+                       "email": (_is_email, ()), "idn-email": (_is_email, ()), "regex": (is_ecma_regex, ()),
+                       **format_checks()}
         _FORMAT_CHECKERS[cls] = fc
     return fc
 
@@ -101,7 +101,6 @@ def _decimal_multiple_of(validator: Any, dB: Any, instance: Any, schema: Any) ->
 _VALIDATOR_CLASSES: dict = {}
 
 
-_EMAIL_RS = None
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
 _EMAIL_RE = re.compile(rf"(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.)*\")@(?:{_LABEL}(?:\.{_LABEL})*|\[[^\]]+\])")
@@ -110,22 +109,20 @@ _EMAIL_RE = re.compile(rf"(?:{_ATOM}(?:\.{_ATOM})*|\"(?:[^\"\\\r\n]|\\.)*\")@(?:
 def _is_email(instance: Any) -> bool:
     """RFC 5321/5322 address check (local part <= 64 octets, domain <= 255, labels <= 63): jsonschema-rs'
     checker when available, else a dot-atom / quoted-string regex with the same length limits."""
-    global _EMAIL_RS
     if not isinstance(instance, str):
         return True
-    if _rs is not None:
-        if _EMAIL_RS is None:
-            _EMAIL_RS = _rs.validator_for({"format": "email"}, validate_formats=True)
-        try:
-            return bool(_EMAIL_RS.is_valid(instance))
-        except Exception:  # noqa: BLE001
-            return False
+    ok = spec_format_valid("email", instance)
+    if ok is not None:
+        return ok
     local, _, domain = instance.rpartition("@")
     return (bool(local) and len(local.encode()) <= 64 and 0 < len(domain.encode()) <= 255
             and _EMAIL_RE.fullmatch(instance) is not None)
 
 
 def make_validator(schema: Any) -> Any:
+    """A ``jsonschema`` validator for ``schema`` (the class its ``$schema`` names, 2020-12 by default):
+    exact decimal ``multipleOf`` and format assertion by the one format checker (jsonschema-rs' checks
+    for :data:`~.schema_checks.SPEC_FORMATS`), wherever a schema is validated."""
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     ext = _VALIDATOR_CLASSES.get(cls)
     if ext is None:

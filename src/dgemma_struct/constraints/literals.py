@@ -27,6 +27,7 @@ from dgemma_struct.errors import GrammarError
 
 from .safety import (ANNOTATIONS, JSON_TYPE_OF, MAX_SCHEMA_DEPTH, STRUCTURAL, WIDE, clip, drop_wide_literals,
                      has_wide_number, is_wide_number)
+from .schema_checks import spec_format_valid
 
 __all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "decimal_step_copy", "MAX_ENUMERATED_MULTIPLES", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
            "lone_surrogate", "is_ecma_regex", "drop_wide_literals", "exact_literal_grammar"]
@@ -194,29 +195,19 @@ def regex_dialect_error(pattern: str) -> str | None:
     return first
 
 
-_ECMA = None
-
-
 def is_ecma_regex(pattern: Any, default: bool = True) -> bool:
     """Whether ``pattern`` is an ECMA-262 regular expression (JSON Schema's ``format: "regex"``), as
     jsonschema-rs checks it; without jsonschema-rs, Python's ``re`` decides (``default`` on doubt)."""
-    global _ECMA
     if not isinstance(pattern, str):
         return True
-    try:
-        import jsonschema_rs
-    except ImportError:  # pragma: no cover - jsonschema-rs is in the lock
-        try:
-            re.compile(pattern)
-            return True
-        except Exception:  # noqa: BLE001
-            return False
-    if _ECMA is None:
-        _ECMA = jsonschema_rs.validator_for({"format": "regex"}, validate_formats=True)
-    try:
-        return bool(_ECMA.is_valid(pattern))
+    ok = spec_format_valid("regex", pattern, on_error=default)
+    if ok is not None:
+        return ok
+    try:  # pragma: no cover - jsonschema-rs is in the lock
+        re.compile(pattern)
+        return True
     except Exception:  # noqa: BLE001
-        return default
+        return False
 
 
 # ----------------------------------------------------------------------------------------------

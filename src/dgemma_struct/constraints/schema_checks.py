@@ -10,8 +10,9 @@ input, no plainly unsatisfiable bounds. Each failure is a :class:`SchemaError` (
 """
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 from urllib.parse import unquote, urljoin
 
 import jsonschema
@@ -24,7 +25,7 @@ from dgemma_struct.errors import SchemaError, UnsupportedKeywordError
 from .safety import check_ref_cycles, clip, engine_guard
 
 __all__ = ["check_schema", "iter_subschemas", "fmt_path", "is_number", "jsonschema_rs", "SPEC_FORMATS",
-           "format_checks", "with_spec_formats"]
+           "format_checks", "format_validator", "spec_format_valid", "with_spec_formats", "follow_pointer"]
 
 _SUBSCHEMA_DICT_KWS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LIST_KWS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -87,28 +88,34 @@ except ImportError:  # pragma: no cover - optional: fall back to jsonschema's ow
 SPEC_FORMATS = ("date", "date-time", "duration", "email", "hostname", "idn-email", "idn-hostname", "ipv4", "ipv6",
                 "iri", "iri-reference", "json-pointer", "regex", "relative-json-pointer", "time", "uri",
                 "uri-reference", "uri-template", "uuid")
-_FORMAT_CHECKS: dict[str, tuple[Any, tuple]] = {}
 _SPEC_CHECKERS: dict[int, tuple[Any, Any]] = {}
 
 
-def _rs_format(name: str) -> Any:
-    v = jsonschema_rs.validator_for({"format": name}, validate_formats=True)
-
-    def check(instance: Any) -> bool:
-        try:
-            return bool(v.is_valid(instance))
-        except Exception:  # noqa: BLE001 - a check that cannot answer does not pass
-            return False
-    check.__name__ = f"is_{name.replace('-', '_')}"
-    return check
+@functools.cache
+def format_validator(name: str) -> Any:
+    """jsonschema-rs' validator asserting ``{"format": name}``, built once per name (the one cache of
+    them); None without jsonschema-rs."""
+    return None if jsonschema_rs is None else jsonschema_rs.validator_for({"format": name}, validate_formats=True)
 
 
+def spec_format_valid(name: str, instance: Any, on_error: bool = False) -> bool | None:
+    """jsonschema-rs' verdict on ``instance`` for format ``name`` (``on_error`` where its check cannot
+    answer); None without jsonschema-rs."""
+    v = format_validator(name)
+    if v is None:
+        return None
+    try:
+        return bool(v.is_valid(instance))
+    except Exception:  # noqa: BLE001 - e.g. a value jsonschema-rs cannot read
+        return on_error
+
+
+@functools.cache
 def format_checks() -> dict[str, tuple[Any, tuple]]:
     """``FormatChecker.checkers`` entries (``name -> (check, raises)``) for :data:`SPEC_FORMATS`, each
-    jsonschema-rs' check; empty without jsonschema-rs (python-jsonschema's own checkers stay)."""
-    if jsonschema_rs is not None and not _FORMAT_CHECKS:
-        _FORMAT_CHECKS.update({name: (_rs_format(name), ()) for name in SPEC_FORMATS})
-    return _FORMAT_CHECKS
+    jsonschema-rs' check (one that cannot answer does not pass); empty without jsonschema-rs
+    (python-jsonschema's own checkers stay)."""
+    return {name: (functools.partial(spec_format_valid, name), ()) for name in SPEC_FORMATS} if jsonschema_rs else {}
 
 
 def with_spec_formats(validator: Any) -> Any:
@@ -122,8 +129,8 @@ def with_spec_formats(validator: Any) -> Any:
     """
     fc = getattr(validator, "format_checker", None)
     checks = format_checks()
-    if fc is None or not checks:
-        return validator
+    if fc is None or not checks or all(fc.checkers.get(k) is c for k, c in checks.items()):
+        return validator  # e.g. one from json_schema.make_validator: these checks are its own already
     hit = _SPEC_CHECKERS.get(id(fc))
     if hit is None or hit[0] is not fc:
         spec = jsonschema.FormatChecker(formats=())
@@ -182,16 +189,29 @@ def _resolve_pointer(root: Any, ref: str, subs: list | None = None) -> bool:
         # plain-name fragment: an $anchor somewhere
         return any(s.get("$anchor") == frag or s.get("$dynamicAnchor") == frag
                    for _, s in (subs if subs is not None else iter_subschemas(root)))
+    try:
+        follow_pointer(root, [unquote(part) for part in frag[1:].split("/")])
+    except LookupError:
+        return False
+    return True
+
+
+def follow_pointer(root: Any, parts: Iterable[str]) -> Any:
+    """The value of ``root`` the JSON-pointer tokens ``parts`` lead to (``~1``, ``~0``: ``/``, ``~``); else LookupError.
+
+    >>> follow_pointer({"$defs": {"a/b": [1, {"c": 2}]}}, ["$defs", "a~1b", "1", "c"])
+    2
+    """
     cur = root
-    for part in frag[1:].split("/"):
-        part = unquote(part).replace("~1", "/").replace("~0", "~")
+    for part in parts:
+        part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(cur, dict) and part in cur:
             cur = cur[part]
         elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
             cur = cur[int(part)]
         else:
-            return False
-    return True
+            raise LookupError(part)
+    return cur
 
 
 def _refs_with_bases(schema: Any, spec: Any, base: str) -> list[tuple[tuple, str, str]]:

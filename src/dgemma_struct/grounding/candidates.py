@@ -18,9 +18,9 @@ MAX_SPAN_CHUNKS = 64          # longest candidate span, in chunks (words mode) o
 MAX_CANDIDATE_CHECKS = 200_000
 
 STRING_KWS = ("pattern", "format", "enum", "const", "minLength", "maxLength")
-# Spans offered for a field with a ``format`` must also match these shapes (stricter than jsonschema's
-# own checks, e.g. its email check is only "contains @"): a narrower grammar is still sound, and it
-# keeps "write to tzhang@post.io." from yielding the span "to tzhang@post.io.".
+# Spans offered for a field with a ``format`` must also match these shapes (a prefilter, stricter than
+# the format checks make_validator asserts, the JSON surface's): a narrower grammar is still sound, and
+# it keeps "write to tzhang@post.io." from yielding the span "to tzhang@post.io.".
 _FORMAT_SHAPES = {
     "email": re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}"),
     "idn-email": re.compile(r"[^\s@]+@[^\s@]+\.[^\s@.]{2,}"),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from dgemma_struct.constraints.json_schema import make_validator
+from dgemma_struct.constraints.schema_checks import follow_pointer
 from dgemma_struct.errors import GroundingError, SchemaError
 from dgemma_struct.grounding.sources import Doc
 from dgemma_struct.grounding.spec import GROUND_KEY, fmt, marker_mode, strip_markers, schema_types
@@ -42,15 +43,10 @@ class SchemaView:
             if not ref.startswith("#"):
                 raise GroundingError(f"{fmt(path)}: only local $refs are supported with grounding, not {ref!r}",
                                      path=path)
-            target: Any = self.root
-            for part in [p for p in ref[1:].split("/") if p]:
-                part = part.replace("~1", "/").replace("~0", "~")
-                if isinstance(target, dict) and part in target:
-                    target = target[part]
-                elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                    target = target[int(part)]
-                else:
-                    raise SchemaError(f"{fmt(path)}: dangling $ref {ref!r}", keywords=["$ref"])
+            try:
+                target: Any = follow_pointer(self.root, [p for p in ref[1:].split("/") if p])
+            except LookupError:
+                raise SchemaError(f"{fmt(path)}: dangling $ref {ref!r}", keywords=["$ref"]) from None
             siblings = {k: v for k, v in node.items() if k not in ("$ref", "description", "title", "default")}
             if siblings and isinstance(target, dict):
                 node = {**target, **siblings}
