@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 import llguidance as llg
 
@@ -43,29 +44,46 @@ def builtin_grammars() -> dict[str, Path]:
     return out
 
 
+def _screen_text(text: str, what: str, error: type[Exception], by_line: bool = False) -> None:
+    """Refuse a regex / grammar text (``what``) over :data:`MAX_SPEC_BYTES`, with a NUL or a lone
+    surrogate (placed by index, or ``by_line``) with ``error``."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+        raise error(f"{what} too long: more than {MAX_SPEC_BYTES} bytes")
+    if "\x00" in text:
+        raise error(f"{what} contains a NUL character")
+    bad = lone_surrogate(text)
+    if bad is not None:
+        at = f"line {text.count(chr(10), 0, bad) + 1}" if by_line else f"index {bad}"
+        raise error(f"{what} is not valid Unicode: lone surrogate at {at}")
+
+
+def _matcher(grammar: Callable[[], str], info: TokenizerInfo, doing: str) -> tuple[str, Any, str]:
+    """(grammar, its llguidance matcher, the engine's error or ""), both built under one engine guard."""
+    with engine_guard(doing):
+        g = grammar()
+        m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
+        return g, m, (m.get_error() if m.is_error() else "")
+
+
+def _refuse_limit(err: str, what: str) -> None:
+    """:class:`ConstraintCompileTimeout` when the engine's ``err`` is a compile limit (``what``: "regex exceeds")."""
+    if is_limit_error(err):
+        raise ConstraintCompileTimeout(f"{what} the compile limits: {clip(err)}")
+
+
 def compile_regex(pattern: str, info: TokenizerInfo) -> Constraint:
     """A regex (Rust ``regex`` syntax, whole output must match); ``\\d \\w \\s`` and their negations
     are ASCII classes (:func:`~.regex_ascii.ascii_classes`), the rest is Rust's Unicode-aware syntax."""
     if not isinstance(pattern, str):
         raise RegexError(f"a regex must be a string, not {type(pattern).__name__}")
-    if len(pattern.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
-        raise RegexError(f"regex too long: more than {MAX_SPEC_BYTES} bytes")
-    if "\x00" in pattern:
-        raise RegexError("regex contains a NUL character")
-    bad = lone_surrogate(pattern)
-    if bad is not None:
-        raise RegexError(f"regex is not valid Unicode: lone surrogate at index {bad}")
+    _screen_text(pattern, "regex", RegexError)
     dialect_err = regex_dialect_error(pattern)
     if dialect_err is not None:  # llguidance reads some of these (a**, a trailing \\) as something else
         raise RegexError(f"invalid regex {clip(repr(pattern), 200)}: {clip(dialect_err, 300)}")
-    with engine_guard("compiling a regex"):
-        # \d \w \s (and negations) as vLLM / xgrammar, Outlines and ECMA-262 read them: ASCII
-        g = llg.LLMatcher.grammar_from_regex(ascii_classes(pattern))
-        m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
-        err = m.get_error() if m.is_error() else ""
+    # \d \w \s (and negations) as vLLM / xgrammar, Outlines and ECMA-262 read them: ASCII
+    g, m, err = _matcher(lambda: llg.LLMatcher.grammar_from_regex(ascii_classes(pattern)), info, "compiling a regex")
     if err:
-        if is_limit_error(err):
-            raise ConstraintCompileTimeout(f"regex exceeds the compile limits: {clip(err)}")
+        _refuse_limit(err, "regex exceeds")
         raise RegexError(f"invalid regex {clip(repr(pattern), 200)}: {clip(err.strip())}")
     return Constraint(ConstraintKind.REGEX, g, info, description=f"regex={clip(repr(pattern), 200)}", template=m)
 
@@ -124,6 +142,20 @@ def _gbnf_to_lark(text: str) -> str:
         raise GrammarError(f"invalid GBNF grammar: {clip(e)}") from None
 
 
+def _skip(lark: str, i: int) -> tuple[str, int] | None:
+    """("comment", its end) for a ``//`` comment at ``i`` (to the end of the line), ("literal", its end)
+    for a string or regex literal there (to its closing quote / slash, or the line's end); else None."""
+    if lark.startswith("//", i):
+        j = lark.find("\n", i)
+        return "comment", len(lark) if j < 0 else j
+    if lark[i] in "\"/":
+        j, n = i + 1, len(lark)
+        while j < n and lark[j] != lark[i] and lark[j] != "\n":
+            j += 2 if lark[j] == "\\" else 1
+        return "literal", j + 1
+    return None
+
+
 def _regroup_stacked_quantifiers(lark: str) -> str:
     """Put back the parentheses ``gbnf_to_lark`` (llguidance 1.9.1) drops around a quantified atom:
     ``root ::= ( [x]* )*`` comes out as ``/[x]/**``, which is not Lark; it becomes ``(/[x]/*)*``.
@@ -138,19 +170,11 @@ def _regroup_stacked_quantifiers(lark: str) -> str:
     i, n = 0, len(lark)
     while i < n:
         ch = lark[i]
-        if lark.startswith("//", i):  # a comment, to the end of the line
-            j = lark.find("\n", i)
-            j = n if j < 0 else j
-            out.append(lark[i:j])
-            i, atom = j, -1
-            continue
-        if ch in "\"/":  # a literal, to its end
-            j = i + 1
-            while j < n and lark[j] != ch and lark[j] != "\n":
-                j += 2 if lark[j] == "\\" else 1
-            atom = len(out)
-            out.append(lark[i:j + 1])
-            i = j + 1
+        skip = _skip(lark, i)
+        if skip is not None:  # a comment (no atom) or a string / regex literal (an atom)
+            atom = len(out) if skip[0] == "literal" else -1
+            out.append(lark[i:skip[1]])
+            i = skip[1]
             continue
         if ch in "*+?" and out and out[-1] in ("*", "+", "?") and atom >= 0:
             out.insert(atom, "(")
@@ -187,15 +211,9 @@ def llg_only_syntax(text: str) -> list[str]:
     i, n = 0, len(text)
     while i < n:
         ch = text[i]
-        if text.startswith("//", i):  # a comment, to the end of the line
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-            continue
-        if ch in "\"/":  # a string or regex literal, to its end
-            j = i + 1
-            while j < n and text[j] != ch and text[j] != "\n":
-                j += 2 if text[j] == "\\" else 1
-            i = j + 1
+        skip = _skip(text, i)
+        if skip is not None:  # a comment or a string / regex literal
+            i = skip[1]
             continue
         if ch == "&":
             found["& (intersection)"] = None
@@ -231,13 +249,7 @@ def compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
         raise GrammarError(f"Grammar source must be text or a path, not {type(src).__name__}")
     if not text.strip():
         raise GrammarError("empty grammar")
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
-        raise GrammarError(f"grammar too long: more than {MAX_SPEC_BYTES} bytes")
-    if "\x00" in text:
-        raise GrammarError("grammar contains a NUL character")
-    bad = lone_surrogate(text)
-    if bad is not None:
-        raise GrammarError(f"grammar is not valid Unicode: lone surrogate at line {text.count(chr(10), 0, bad) + 1}")
+    _screen_text(text, "grammar", GrammarError, by_line=True)
     gbnf = _is_gbnf(text)
     if gbnf:
         text = _gbnf_to_lark(text)
@@ -256,10 +268,7 @@ def compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
     lltext = text
     if start != "start" and not re.search(r"(?m)^\s*start\s*:", text):
         lltext = f"start: {start}\n" + text
-    with engine_guard("compiling a grammar"):
-        g = llg.LLMatcher.grammar_from_lark(lltext)
-        m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
-        err = m.get_error() if m.is_error() else ""
+    g, m, err = _matcher(lambda: llg.LLMatcher.grammar_from_lark(lltext), info, "compiling a grammar")
     dialect = llg_only_syntax(text) if lark_err is not None else []
     if lark_err is not None and not dialect:
         # stock lark rejects it and it uses no llguidance-only syntax: report lark's line/column
@@ -268,8 +277,7 @@ def compile_grammar(spec: Grammar, info: TokenizerInfo) -> Constraint:
         raise GrammarError(f"Lark grammar using llguidance-only syntax ({_NEGATION}) not supported: a negated "
                            f"terminal also matches the end-of-text token, so its output could not be checked")
     if err:
-        if is_limit_error(err):
-            raise ConstraintCompileTimeout(f"grammar exceeds the compile limits: {clip(err)}")
+        _refuse_limit(err, "grammar exceeds")
         what = "GBNF grammar (converted to Lark)" if gbnf else "Lark grammar"
         if dialect:  # name the construct: stock lark has no word for it, llguidance refused this use
             what += f" using llguidance-only syntax ({', '.join(dialect)})"
@@ -310,16 +318,15 @@ def compile_choice(spec: Choice, info: TokenizerInfo) -> Constraint:
         except UnicodeEncodeError:
             raise ChoiceError(f"choice {clip(repr(c), 80)} is not valid Unicode (lone surrogate)") from None
     uniq = list(dict.fromkeys(ch))
-    with engine_guard("compiling the choices"):
+
+    def grammar() -> str:
         if len(uniq) <= CHOICE_RULE_LIMIT:
-            g = llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in uniq))
-        else:  # one lexeme (a regex alternation): the Earley row limit (2,000 items) does not apply
-            g = llg.LLMatcher.grammar_from_regex("(" + "|".join(_rx_escape(c) for c in uniq) + ")")
-        m = llg.LLMatcher(info.lltok, g, log_level=0, limits=parser_limits())
-        err = m.get_error() if m.is_error() else ""
+            return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in uniq))
+        # one lexeme (a regex alternation): the Earley row limit (2,000 items) does not apply
+        return llg.LLMatcher.grammar_from_regex("(" + "|".join(_rx_escape(c) for c in uniq) + ")")
+    g, m, err = _matcher(grammar, info, "compiling the choices")
     if err:
-        if is_limit_error(err):
-            raise ConstraintCompileTimeout(f"choices exceed the compile limits: {clip(err)}")
+        _refuse_limit(err, "choices exceed")
         raise ChoiceError(f"cannot compile the choices: {clip(err.strip())}")
     return Constraint(ConstraintKind.CHOICE, g, info, validator=ChoiceValidator(uniq),
                       description=f"{len(uniq)} choices", template=m)
