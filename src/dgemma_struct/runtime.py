@@ -328,15 +328,14 @@ class DiffusionRuntime:
                                           eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                                           temperature=temperature, hook=hook, top_p=top_p, generators=generators)
             wall = time.perf_counter() - t0
-        results = []
-        new = out.sequences[:, ids.shape[1]:]
-        for b in range(len(encoded)):
-            res = self.row_result(new[b], int(out.forward_passes[b]), max_new_tokens, mode=mode,
-                                  canvases=out.canvases, denoising_steps=out.steps, wall_s=wall, model_s=out.model_s,
-                                  other_s=max(0.0, wall - out.model_s), mask_s=out.hook_s, seed=row_seeds[b])
+        results, table = [], torch.cat([out.sequences[:, ids.shape[1]:], out.forward_passes[:, None].long()], 1).tolist()
+        for b, (*new, passes) in enumerate(table):   # every row's tokens and passes: one host read, then sliced
+            res = self._result(new, passes, max_new_tokens, mode=mode, canvases=out.canvases,
+                               denoising_steps=out.steps, wall_s=wall, model_s=out.model_s,
+                               other_s=max(0.0, wall - out.model_s), mask_s=out.hook_s, seed=row_seeds[b])
             if recorder is not None:
-                res.logprobs = named(kept_entries(recorder.rows[b], new[b].tolist(), self.pad_token_id,
-                                                  len(res.token_ids)), self.tokenizer)
+                res.logprobs = named(kept_entries(recorder.rows[b], new, self.pad_token_id, len(res.token_ids)),
+                                     self.tokenizer)
             results.append(res)
         return results
 
@@ -345,8 +344,11 @@ class DiffusionRuntime:
         stop token, at most ``max_new_tokens`` (:meth:`split_output`), and ``tokens_per_forward`` as
         transformers counts it (non-pad tokens / decoder passes). ``stats``: the other
         :class:`GenerationStats` fields."""
+        return self._result(row.tolist(), passes, max_new_tokens, **stats)
+
+    def _result(self, row: list[int], passes: int, max_new_tokens: int, **stats: Any) -> GenerationResult:
         token_ids, reason = self.split_output(row, max_new_tokens)
-        non_pad = int((row != self.pad_token_id).sum()) if self.pad_token_id is not None else row.shape[0]
+        non_pad = sum(t != self.pad_token_id for t in row) if self.pad_token_id is not None else len(row)
         s = GenerationStats(forward_passes=passes, generated_tokens=len(token_ids),
                             tokens_per_forward=non_pad / passes if passes else 0.0, finish_reason=reason, **stats)
         return GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=s)

@@ -8,7 +8,9 @@ byte, scanned once per tokenizer) and :func:`closer_ids` (those plus a constrain
 The searches themselves (a stepwise walk with a local exhaustive search, then the global beam
 search) are in :mod:`.closing_search`; :func:`plan_still_closes` lets the guide reuse a plan across
 commits. The JSON heuristics (string state, validation of a completion) live there and here, not in
-the walker. :func:`greedy_fill` ends a canvas that stopped with open positions (masked argmax).
+the walker. :func:`greedy_fill` ends a canvas that stopped with open positions (masked argmax);
+:func:`greedy_fill_reads` is the same walk as a generator of its host reads, and :func:`read_together`
+runs the fills of many rows side by side with one host read per round, not per row.
 
 The walker is used through its public state only: ``constraint``, ``frozen_tokens``,
 ``eos_committed``, ``stop_token_ids``, ``vocab_size``, ``frozen_cursor()`` (else ``frozen_matcher()``),
@@ -25,20 +27,19 @@ b'-.'
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Generator, Sequence
 
 import numpy as np
-
-from dgemma_struct.errors import ConstraintEngineError
 
 from .bitmask_np import allowed_among, bitmask_to_bool
 from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS, byte_representatives,  # noqa: F401
                              json_string_state, run_shape, search_closing, segment_punct, stepwise_closing,
-                             allowed_closer, frozen_cursor, frozen_string_state)
-from .safety import clip, engine_guard
+                             allowed_closer, closing_walk, frozen_cursor, frozen_string_state)
+from .safety import engine_guard
 from .tokenizer import vocab_scan
 
-__all__ = ["closing_plan", "plan_still_closes", "closing_candidates", "closer_ids", "greedy_fill", "CLOSING_BEAM", "CLOSING_EXAMINE",
+__all__ = ["closing_plan", "plan_still_closes", "closing_candidates", "closer_ids", "greedy_fill", "greedy_fill_reads",
+           "read_together", "CLOSING_BEAM", "CLOSING_EXAMINE",
            "CLOSING_EXTRA_LEVELS"]
 
 
@@ -183,41 +184,29 @@ def _greedy_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray,
     a dead end."""
     if walker.eos_committed:
         return []
-    tok = walker.constraint.tokenizer_info.lltok
-    in_str, esc = frozen_string_state(walker)
     with frozen_cursor(walker) as cur:
-        return _greedy_closing_walk(walker, cur, tok, in_str, esc, quote_ids, bracket_ids, max_n, byte_ids,
+        return _greedy_closing_walk(walker, cur, frozen_string_state(walker), quote_ids, bracket_ids, max_n, byte_ids,
                                     byte_values)
 
 
-def _greedy_closing_walk(walker: Any, cur: Any, tok: Any, in_str: bool, esc: bool, quote_ids: np.ndarray,
+def _greedy_closing_walk(walker: Any, cur: Any, state: tuple[bool, bool], quote_ids: np.ndarray,
                          bracket_ids: np.ndarray, max_n: int, byte_ids: np.ndarray | None,
                          byte_values: bytes) -> list[int] | None:
-    m = cur.m
-    plan: list[int] = []
-    while len(plan) <= max_n:
-        row = walker.mask_of(m)
-        if walker.allows_stop(row):
-            return plan
-        picks = [] if m.is_stopped() else list(m.compute_ff_tokens())
-        if not picks:
-            pick = allowed_closer(row, in_str, quote_ids, bracket_ids)
-            if pick is None and byte_ids is not None and byte_ids.size:
-                ok = allowed_among(row, byte_ids)
-                if ok.size:
-                    fresh = [i for i in ok if not chr(byte_values[i]).isalnum() and byte_ids[i] not in plan]
-                    pick = int(byte_ids[fresh[0] if fresh else ok[0]])
-            if pick is None:
-                allowed = np.flatnonzero(bitmask_to_bool(row[None, :], walker.vocab_size)[0])
-                if not allowed.size:
-                    return None
-                pick = int(allowed[0])
-            picks = [pick]
-        if not cur.advance(picks):  # pragma: no cover - the picks were allowed
-            raise ConstraintEngineError(f"the matcher refused closing tokens it allowed: {clip(m.get_error())}")
-        plan.extend(picks)
-        in_str, esc = json_string_state(tok.decode_bytes(picks), in_str, esc)
-    return None
+    def choose(row: np.ndarray, state: tuple[bool, bool], plan: list[int]) -> list[int] | None:
+        pick = allowed_closer(row, state[0], quote_ids, bracket_ids)
+        if pick is None and byte_ids is not None and byte_ids.size:
+            ok = allowed_among(row, byte_ids)
+            if ok.size:
+                fresh = [i for i in ok if not chr(byte_values[i]).isalnum() and byte_ids[i] not in plan]
+                pick = int(byte_ids[fresh[0] if fresh else ok[0]])
+        if pick is None:
+            allowed = np.flatnonzero(bitmask_to_bool(row[None, :], walker.vocab_size)[0])
+            if not allowed.size:
+                return None
+            pick = int(allowed[0])
+        return [pick]
+
+    return closing_walk(walker, cur, state, max_n, choose, strict=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,34 +217,75 @@ def greedy_fill(walker: Any, logits_rows: Any, max_n: int, *, topk: int = 64) ->
     tensor or numpy array, row ``i`` = position ``frontier + i``): argmax of the allowed tokens
     at each position, stopping after a stop token (included) or when nothing is allowed.
     Returns the tokens (not committed); always a grammar-accepted prefix."""
+    return read_together([greedy_fill_reads(walker, logits_rows, max_n, topk=topk)])[0]
+
+
+def greedy_fill_reads(walker: Any, logits_rows: Any, max_n: int, *,
+                      topk: int = 64) -> Generator[Any, np.ndarray, list[int]]:
+    """:func:`greedy_fill` as a generator of its host reads: on torch logits it yields each int64
+    tensor whose values it needs on the host (the top-``topk`` ids of its positions, then one id per
+    position where none of them is allowed) and is sent them back as a numpy array of the same shape;
+    it returns the fill. :func:`read_together` runs the fills of many rows side by side."""
     with engine_guard("filling a canvas"):
-        return _greedy_fill(walker, logits_rows, max_n, topk)
+        return (yield from _greedy_fill(walker, logits_rows, max_n, topk))
 
 
-def _greedy_fill(walker: Any, logits_rows: Any, max_n: int, topk: int) -> list[int]:
+def read_together(jobs: Sequence[Generator[Any, np.ndarray, Any]]) -> list[Any]:
+    """Runs generators of host reads (as :func:`greedy_fill_reads`) side by side and returns what
+    each returns. Each round, every job still running has yielded one int64 tensor; they come to the
+    host in one transfer (one host-device sync on a GPU, however many jobs) and each job is sent its
+    values. Rounds: the most reads one job needs, not their sum over the jobs. Jobs left running by
+    an error are closed (their matcher cursors roll back)."""
+    out: list[Any] = [None] * len(jobs)
+    pending: dict[int, Any] = {}
+
+    def send(i: int, value: Any) -> None:
+        try:
+            pending[i] = jobs[i].send(value)
+        except StopIteration as stop:
+            out[i] = stop.value
+
+    try:
+        for i in range(len(jobs)):
+            send(i, None)
+        while pending:
+            import torch
+
+            reads = list(pending.items())
+            pending.clear()
+            flat = torch.cat([t.reshape(-1).long() for _, t in reads]) if len(reads) > 1 else reads[0][1].long()
+            host = flat.numpy(force=True).reshape(-1)
+            at = 0
+            for i, t in reads:
+                send(i, host[at:at + t.numel()].reshape(tuple(t.shape)))
+                at += t.numel()
+    finally:
+        for job in jobs:
+            job.close()
+    return out
+
+
+def _greedy_fill(walker: Any, logits_rows: Any, max_n: int, topk: int) -> Generator[Any, np.ndarray, list[int]]:
     if walker.eos_committed or max_n <= 0:
         return []
     n = min(int(max_n), int(logits_rows.shape[0]))
     if n <= 0:
         return []
     V = walker.vocab_size
-    try:
-        import torch
-        is_torch = isinstance(logits_rows, torch.Tensor)
-    except ImportError:  # pragma: no cover
-        is_torch = False
+    is_torch = not isinstance(logits_rows, np.ndarray) and hasattr(logits_rows, "topk")
     L = logits_rows[:n, :V]
     K = min(topk, L.shape[1])
     if is_torch:
-        top = torch.topk(L.float(), K, dim=-1).indices.cpu().numpy()
+        top = yield L.float().topk(K, dim=-1).indices
     else:
         L = np.asarray(L, dtype=np.float32)
         top = np.argsort(-L, axis=-1, kind="stable")[:, :K]
     with frozen_cursor(walker) as cur:
-        return _greedy_fill_walk(walker, cur, L, top, n, is_torch)
+        return (yield from _greedy_fill_walk(walker, cur, L, top, n, is_torch))
 
 
-def _greedy_fill_walk(walker: Any, cur: Any, L: Any, top: np.ndarray, n: int, is_torch: bool) -> list[int]:
+def _greedy_fill_walk(walker: Any, cur: Any, L: Any, top: np.ndarray, n: int,
+                      is_torch: bool) -> Generator[Any, np.ndarray, list[int]]:
     m, V = cur.m, walker.vocab_size
     stops = frozenset(walker.stop_token_ids)
     # while the fill follows the draft the last walks accepted, their mask rows are the fill's
@@ -270,16 +300,17 @@ def _greedy_fill_walk(walker: Any, cur: Any, L: Any, top: np.ndarray, n: int, is
             pick = int(cand[hit[0]])
         else:
             allowed = bitmask_to_bool(row[None, :], V)[0]
-            if not allowed.any():
-                break
-            if is_torch:
-                li = L[i].float().cpu().numpy()
-            else:
-                li = L[i]
-            idx = np.flatnonzero(allowed[: li.shape[0]])
+            idx = np.flatnonzero(allowed[: L.shape[1]])
             if not idx.size:
                 break
-            pick = int(idx[np.argmax(li[idx])])  # an allowed id even when all its logits are -inf
+            # the allowed id of the highest logit (the first on ties), even when all are -inf
+            if is_torch:
+                import torch
+
+                at = yield L[i].index_select(0, torch.from_numpy(idx).to(L.device)).float().argmax().reshape(1)
+                pick = int(idx[int(at[0])])
+            else:
+                pick = int(idx[np.argmax(L[i][idx])])
         out.append(pick)
         follow = follow and i < len(path) and path[i] == pick
         if pick in stops:

@@ -5,6 +5,7 @@ is allowed yet (inside a lexeme with a pattern, a number, a key to write), runs 
 breadth-first search (:func:`_local_search`) for the shortest way to the next point where one is
 (or a stop token). :func:`search_closing` is the older
 global beam search, kept for completions that must pass validation (formats).
+Both greedy walks (this one and :mod:`.closing`'s) run the loop of :func:`closing_walk`.
 
 >>> run_shape(b'x.1a')
 b'1a'
@@ -13,12 +14,15 @@ from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from dgemma_struct.errors import ConstraintEngineError
+
 from .bitmask_np import allowed_among, bitmask_to_bool
 from .cursor import MatcherCursor
+from .safety import clip
 
 CLOSING_BEAM = 32  # distinct states kept per search level
 CLOSING_EXAMINE = 128  # children examined per search level
@@ -278,40 +282,55 @@ def stepwise_closing(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray
     or None: forced tokens, else an allowed closer (as the greedy walk picks them), else the
     shortest local run to the next closer (:func:`_local_search`)."""
     c = walker.constraint
-    tok = c.tokenizer_info.lltok
     is_json = c.kind == "json"
     reps = byte_representatives(byte_ids, byte_values, c.grammar)
     quote_ids = np.asarray(quote_ids, dtype=np.int64)
     closers = np.concatenate([np.asarray(bracket_ids, dtype=np.int64), quote_ids[::-1]])
     state = frozen_string_state(walker) if is_json else (False, False)
     with frozen_cursor(walker) as cur:
-        return _stepwise_walk(walker, cur, tok, is_json, state, quote_ids, bracket_ids, closers, reps, max_n,
+        return _stepwise_walk(walker, cur, is_json, state, quote_ids, bracket_ids, closers, reps, max_n,
                               byte_ids, byte_values)
 
 
-def _stepwise_walk(walker: Any, cur: MatcherCursor, tok: Any, is_json: bool, state: tuple[bool, bool],
+def _stepwise_walk(walker: Any, cur: MatcherCursor, is_json: bool, state: tuple[bool, bool],
                    quote_ids: np.ndarray, bracket_ids: np.ndarray, closers: np.ndarray, reps: np.ndarray, max_n: int,
                    byte_ids: np.ndarray, byte_values: bytes) -> list[int] | None:
-    m = cur.m
+    def choose(row: np.ndarray, state: tuple[bool, bool], plan: list[int]) -> list[int] | None:
+        if cur.m.is_stopped():
+            return None
+        closer = allowed_closer(row, state[0], quote_ids, bracket_ids)
+        if closer is not None:
+            return [closer]
+        return _local_search(walker, cur, state, max_n - len(plan), closers, quote_ids, reps, byte_ids, byte_values)
+
+    return closing_walk(walker, cur, state, max_n, choose, track_string=is_json)
+
+
+def closing_walk(walker: Any, cur: MatcherCursor, state: tuple[bool, bool], max_n: int,
+                 choose: Callable[[np.ndarray, tuple[bool, bool], list[int]], list[int] | None], *,
+                 track_string: bool = True, strict: bool = False) -> list[int] | None:
+    """The loop of the closing walks: from the cursor's state, until a stop token is allowed (the
+    plan is returned, the stop token not included), at each position the grammar's forced tokens,
+    else ``choose(mask row, JSON string state, plan so far)`` (None or empty: a dead end, None is
+    returned). None also past ``max_n`` tokens. ``track_string``: the string state follows the
+    picks (else it stays ``state``). The cursor moves with ``goto`` (a ``choose`` may move it); a
+    refused pick is a dead end, or with ``strict`` a :class:`ConstraintEngineError`."""
+    m, tok = cur.m, walker.constraint.tokenizer_info.lltok
     plan: list[int] = []
     while len(plan) <= max_n:
         row = walker.mask_of(m)
         if walker.allows_stop(row):
             return plan
-        if m.is_stopped():
-            return None
-        picks = list(m.compute_ff_tokens())
+        picks = [] if m.is_stopped() else list(m.compute_ff_tokens())
         if not picks:
-            closer = allowed_closer(row, state[0], quote_ids, bracket_ids)
-            picks = [closer] if closer is not None else []
-        if not picks:
-            picks = _local_search(walker, cur, state, max_n - len(plan), closers, quote_ids, reps, byte_ids,
-                                  byte_values) or []
+            picks = choose(row, state, plan)
             if not picks:
                 return None
         if not cur.goto(plan + picks):  # pragma: no cover - the picks were allowed
+            if strict:
+                raise ConstraintEngineError(f"the matcher refused closing tokens it allowed: {clip(m.get_error())}")
             return None
         plan.extend(picks)
-        if is_json:
+        if track_string:
             state = json_string_state(tok.decode_bytes(picks), *state)
     return None

@@ -29,13 +29,14 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import numpy as np
 import torch
 
 from dgemma_struct.guide.budget import cap_run, free_room, steer_to_close
 from dgemma_struct.constraints import CanvasWalker
+from dgemma_struct.constraints.closing import greedy_fill_reads, read_together
 from dgemma_struct.engine.hooks import StepView
 from dgemma_struct.kernels import BitmaskStaging, apply_token_bitmask_
 from dgemma_struct.engine.token_logprobs import GuideLogprobs
@@ -222,6 +223,31 @@ class ConstraintGuide(ARMasking):
     def _timed(self, t0: float) -> None:
         self.mask_s += time.perf_counter() - t0
 
+    def _finish_row(self, view: StepView, b: int, active: bool, cuts: list) -> Generator[Any, Any, None]:
+        """Ends row ``b``'s canvas: its closing plan once the budget says so, else a masked greedy fill
+        (a generator of the fill's host reads, see :func:`~dgemma_struct.constraints.closing.read_together`),
+        then pad; a cut row's EOS goes to ``cuts``."""
+        r, L = self.rows[b], view.frozen.shape[1]
+        w, f = r.walker, r.n_frozen
+        while f < L and active and view.logits.numel() and not w.is_stopped():
+            room, plan = (free_room(r, self._canvas_of(r), self.closing_window) if self.close_on_budget
+                          else (L, None))
+            if room == 0 and plan is not None:  # close now: the plan, then the stop token
+                self._freeze(view, b, plan + [w.stop_token_ids[0]], view.logits[b, f:])
+                r.closing = True
+            else:  # masked greedy fill, up to the closing window
+                fill = yield from greedy_fill_reads(w, view.logits[b, f:], L - f if room == 0 else min(room, L - f))
+                if fill:
+                    self._freeze(view, b, fill, view.logits[b, f:])
+            if r.n_frozen == f:  # no progress: nothing allowed fits here
+                break
+            f = r.n_frozen
+        if f < L and active:  # nothing allowed any more: pad
+            self._w.freeze(b, f, [self.pad] * (L - f))
+        if r.cut_at is not None:  # ends the row in the loop (the walker never sees this EOS)
+            cuts.append((b, r.cut_at, w.stop_token_ids[0]))
+            r.cut_at = None
+
     # ------------------------------------------------------------------ diffusion hook
     def start_canvas(self, view: StepView) -> None:
         t0 = time.perf_counter()
@@ -322,34 +348,16 @@ class ConstraintGuide(ARMasking):
         t0 = time.perf_counter()
         B, L = view.frozen.shape
         act = self._active(view)
-        guided, cuts = [False] * B, []
+        guided, cuts, fills = [False] * B, [], []
         for b, r in enumerate(self.rows):
-            w = r.walker
-            if w is None:
+            if r.walker is None:
                 if r.lp_top is not None:   # a free-text row that records: every position, as committed
                     self.lp.record_free(r, view.logits[b] if view.logits.numel() and act[b] else None,
                                         committed[b], L)
                 continue
             guided[b] = True
-            f = r.n_frozen
-            while f < L and act[b] and view.logits.numel() and not w.is_stopped():
-                room, plan = (free_room(r, self._canvas_of(r), self.closing_window) if self.close_on_budget
-                              else (L, None))
-                if room == 0 and plan is not None:  # close now: the plan, then the stop token
-                    self._freeze(view, b, plan + [w.stop_token_ids[0]], view.logits[b, f:])
-                    r.closing = True
-                else:  # masked greedy fill, up to the closing window
-                    fill = w.greedy_fill(view.logits[b, f:], L - f)
-                    if fill:
-                        self._freeze(view, b, fill if room == 0 else fill[:room], view.logits[b, f:])
-                if r.n_frozen == f:  # no progress: nothing allowed fits here
-                    break
-                f = r.n_frozen
-            if f < L and act[b]:  # nothing allowed any more: pad
-                self._w.freeze(b, f, [self.pad] * (L - f))
-            if r.cut_at is not None:  # ends the row in the loop (the walker never sees this EOS)
-                cuts.append((b, r.cut_at, w.stop_token_ids[0]))
-                r.cut_at = None
+            fills.append(self._finish_row(view, b, act[b], cuts))
+        read_together(fills)   # the rows' greedy fills side by side: their host reads batched
         self._flush(view)
         rows = torch.tensor(guided, dtype=torch.bool).to(view.frozen.device, non_blocking=True)
         out = torch.where(view.frozen & rows[:, None], view.frozen_tokens, committed)
