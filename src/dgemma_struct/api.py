@@ -95,7 +95,10 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
         results = generate_batch([prompt] * opts.n, spec, runtime=runtime, options=opts,
                                  seed=[offset_seed(base, i) for i in range(opts.n)])
         return results if opts.return_details else [r.value for r in results]
-    result = prepare(prompt, spec, runtime, opts).solve()
+    session = prepare(prompt, spec, runtime, opts)
+    result = run_sessions(session.rt, [session])[0]   # the one road: a batch of one
+    if isinstance(result, DgemmaStructError):
+        raise result
     return result if opts.return_details else result.value
 
 

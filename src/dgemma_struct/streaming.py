@@ -13,11 +13,12 @@ import typing
 from typing import Any, Iterator
 
 from dgemma_struct.constraints import JsonValidator
-from dgemma_struct.errors import GenerationFailed
+from dgemma_struct.errors import DgemmaStructError, GenerationFailed
 from dgemma_struct.options import GenerateOptions
 from dgemma_struct.prompts import Prompt
 from dgemma_struct.repair.preparation import prepare
-from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
+from dgemma_struct.results import CanvasEvent
+from dgemma_struct.scheduling.run import stream_session
 from dgemma_struct.runtime import DiffusionRuntime
 
 # the knobs ``stream`` takes as keywords (the loop is diffusion; one repair, no fallback)
@@ -77,19 +78,22 @@ def stream(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None
     opts = GenerateOptions.build(options, {**knobs, **sampling}, verb="stream",
                                  allowed=STREAM_KNOBS + ("temperature", "top_p")).with_overrides(**_STREAM_FIXED)
     session = prepare(prompt, spec, runtime, opts)
-    guide = session.guide_for([])
-    final: GenerationResult | None = None
-    for ev in session.rt.stream(prompt_ids=session.prompt_ids, max_new_tokens=opts.max_new_tokens,
-                                seed=[session.seed], hook=guide, temperature=opts.temperature, top_p=opts.top_p):
-        if not ev.done:
-            ev.value = session.c.partial_value(ev.text)
-            ev.validated = False
-            yield ev
-        else:
-            final = GenerationResult(text=ev.text, token_ids=ev.token_ids, stats=ev.stats or GenerationStats())
-    if final is None:  # pragma: no cover - the runtime always ends a stream with a done event
+    run = stream_session(session.rt, session)   # the batch road, one row
+    index = 0
+    while True:
+        try:
+            token_ids = next(run)
+        except StopIteration as end:
+            result = end.value
+            break
+        text = session.rt.decode(token_ids)
+        yield CanvasEvent(row=0, canvas_index=index, token_ids=token_ids, text=text,
+                          value=session.c.partial_value(text))
+        index += 1
+    if isinstance(result, DgemmaStructError):
+        raise result
+    if result is None:  # pragma: no cover - the scheduler always ends a row with a result
         raise GenerationFailed("the stream ended without a result")
-    result = session.solve(first=session.absorb(final, guide))
     yield CanvasEvent.final(result, validated=True, value=result.value)
 
 

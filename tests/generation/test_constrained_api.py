@@ -154,6 +154,33 @@ def test_stream_ends_with_a_validated_value(tiny_runtime):
     assert all(not e.done for e in events[:-1])
 
 
+def test_the_stream_runs_on_the_batch_road_and_ends_as_generate_does(tiny_runtime, monkeypatch):
+    import dgemma_struct.scheduling.run as run_mod
+
+    rows = []
+    real = run_mod.ContinuousScheduler.submit
+    monkeypatch.setattr(run_mod.ContinuousScheduler, "submit", lambda self, req: (rows.append(req), real(self, req)))
+    kw = dict(runtime=tiny_runtime, max_new_tokens=96, seed=3)
+    events = list(stream("hello", SCHEMA, **kw))
+    assert len(rows) == 1 and rows[0].on_canvas is not None        # one scheduler row, streamed
+    drafts, last = events[:-1], events[-1]
+    assert drafts and [e.canvas_index for e in drafts] == list(range(len(drafts)))
+    for a, b in zip(drafts, drafts[1:]):                             # committed canvases only grow
+        assert b.token_ids[:len(a.token_ids)] == a.token_ids
+    assert last.done and last.validated
+    assert last.value == generate("hello", SCHEMA, max_repairs=1, fallback=False, **kw)
+    assert len(rows) == 2                                            # generate: a batch of one on the same road
+
+
+def test_single_requests_report_model_and_constraint_time(tiny_runtime):
+    res = generate("hello", SCHEMA, runtime=tiny_runtime, max_new_tokens=96, seed=0, return_details=True)
+    batch = generate_batch(["hello"] * 2, SCHEMA, runtime=tiny_runtime, max_new_tokens=96, seed=[0, 1])
+    for s in [res.stats] + [r.stats for r in batch]:
+        assert s.model_s > 0 and s.mask_s > 0 and s.denoising_steps >= 1
+        assert abs(s.model_s + s.other_s - s.wall_s) < 1e-6
+    assert batch[0].text == res.text
+
+
 def test_partial_json_closes_open_structures():
     assert partial_json('{"a":[1,2') == {"a": [1, 2]}
     assert partial_json('{"a":"hel') == {"a": "hel"}

@@ -11,7 +11,8 @@ import torch
 
 from dgemma_struct import generate
 from dgemma_struct.engine.canvas import CanvasBatch
-from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest, RowStatus
+from dgemma_struct.scheduling.requests import BatchFailed, RowRequest, RowStatus
+from dgemma_struct.scheduling.scheduler import ContinuousScheduler
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.options import GenerateOptions

@@ -18,22 +18,44 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 
 from dgemma_struct.errors import DgemmaStructError
-from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler, RowRequest
+from dgemma_struct.scheduling.requests import BatchFailed, RowRequest
+from dgemma_struct.scheduling.scheduler import ContinuousScheduler
 
 if TYPE_CHECKING:
     from dgemma_struct.repair.session import RepairSession
     from dgemma_struct.runtime import DiffusionRuntime
 
-__all__ = ["run_sessions"]
+__all__ = ["run_sessions", "stream_session"]
 
 
 def _stop_of(sess: RepairSession, caller_stop: Callable[[], bool] | None) -> Callable[[], bool]:
     """The row's stop poll: its caller's, or the session's deadline passed."""
     return lambda: ((caller_stop is not None and caller_stop())
                     or (sess.deadline is not None and time.monotonic() > sess.deadline))
+
+
+def _row(sess: RepairSession, tag: int, stop: Callable[[], bool] | None,
+         on_canvas: Callable[[list[int]], None] | None = None) -> RowRequest:
+    o = sess.opts
+    return RowRequest(prompt_ids=sess.prompt_ids, max_new_tokens=o.max_new_tokens, seed=sess.seed, session=sess,
+                      temperature=o.temperature, top_p=o.top_p, mode=o.mode, stop=_stop_of(sess, stop), tag=tag,
+                      on_canvas=on_canvas)
+
+
+def _settled(sess: RepairSession, res: Any) -> Any:
+    """A row's result as the caller gets it: a batch that failed as a whole is rerun alone; an
+    error that is not typed (a bug) is raised."""
+    if isinstance(res, BatchFailed):
+        try:
+            return sess.solve()
+        except DgemmaStructError as err:
+            return err
+    if isinstance(res, BaseException) and not isinstance(res, DgemmaStructError):
+        raise res
+    return res
 
 
 def run_sessions(rt: DiffusionRuntime, sessions: Sequence[RepairSession],
@@ -43,19 +65,24 @@ def run_sessions(rt: DiffusionRuntime, sessions: Sequence[RepairSession],
     whose batched canvas failed as a whole is rerun alone, so only the row that breaks fails."""
     sched = ContinuousScheduler(rt, max_rows=max(1, len(sessions)))
     for j, sess in enumerate(sessions):
-        o = sess.opts
-        sched.submit(RowRequest(prompt_ids=sess.prompt_ids, max_new_tokens=o.max_new_tokens, seed=sess.seed,
-                                session=sess, temperature=o.temperature, top_p=o.top_p, mode=o.mode,
-                                stop=_stop_of(sess, stops[j] if stops is not None else None), tag=j))
+        sched.submit(_row(sess, j, stops[j] if stops is not None else None))
     results: list[Any] = [None] * len(sessions)
     while not sched.idle:
         for req, res in sched.step():
-            if isinstance(res, BatchFailed):
-                try:
-                    res = sessions[req.tag].solve()
-                except DgemmaStructError as err:
-                    res = err
-            elif isinstance(res, BaseException) and not isinstance(res, DgemmaStructError):
-                raise res
-            results[req.tag] = res
+            results[req.tag] = _settled(sessions[req.tag], res)
     return results
+
+
+def stream_session(rt: DiffusionRuntime, session: RepairSession) -> Generator[list[int], None, Any]:
+    """One session on the same road, yielding its first attempt's committed tokens after each canvas
+    (cut as the result will be); returns its result or typed error (``StopIteration.value``)."""
+    sched = ContinuousScheduler(rt, max_rows=1)
+    canvases: list[list[int]] = []
+    sched.submit(_row(session, 0, None, on_canvas=canvases.append))
+    result: Any = None
+    while not sched.idle:
+        for _, res in sched.step():
+            result = _settled(session, res)
+        yield from canvases
+        canvases.clear()
+    return result

@@ -32,10 +32,9 @@ Example::
 """
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generator
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -46,74 +45,29 @@ from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.options import check_deadline
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.scheduling.mode_choice import ModeChooser
+from dgemma_struct.scheduling.requests import BatchFailed, RowRequest, RowStatus, status_of
 from dgemma_struct.guide.rows import RowState
 
 if TYPE_CHECKING:
-    from dgemma_struct.repair.session import RepairSession
     from dgemma_struct.runtime import DiffusionRuntime
 
-__all__ = ["RowRequest", "RowStatus", "ContinuousScheduler", "BatchFailed"]
+__all__ = ["ContinuousScheduler", "GUIDE_KNOBS"]
 
 
-class RowStatus(str, enum.Enum):
-    """A request's phase in the scheduler: ``waiting`` to join a batch, ``running`` its first attempt,
-    ``repairing`` (a repair or the AR fallback, queued or running), then one of the three ends."""
-
-    WAITING = "waiting"
-    RUNNING = "running"
-    REPAIRING = "repairing"
-    DONE = "done"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-
-    @property
-    def finished(self) -> bool:
-        return self in (RowStatus.DONE, RowStatus.CANCELLED, RowStatus.FAILED)
+def _clock_of(canvas: CanvasBatch | ARBatch) -> Any:
+    """The :class:`~dgemma_struct.engine.forward.Clock` of a diffusion batch's run or an AR batch."""
+    run = getattr(canvas, "run", None)
+    return run.clock if run is not None else getattr(canvas, "clock", None)
 
 
-@dataclass(eq=False)
-class RowRequest:
-    """One request for a :class:`ContinuousScheduler`. ``session``: a prepared constrained request
-    (:func:`dgemma_struct.repair.preparation.prepare`); ``None`` is free text. ``stop()`` True drops the row
-    (its caller went away or timed out: the result is a :class:`GenerationTimeout`).
-    ``on_canvas(token_ids)`` sees the row's committed tokens after each canvas (stop tokens and
-    padding removed, at most ``max_new_tokens``). ``tag``: anything the caller wants back."""
-
-    prompt_ids: list[int]
-    max_new_tokens: int
-    seed: int
-    session: RepairSession | None = None
-    temperature: float | None = None
-    top_p: float = 1.0
-    stop: Callable[[], bool] | None = None
-    on_canvas: Callable[[list[int]], None] | None = None
-    tag: Any = None
-    mode: str = "diffusion"            # "diffusion", "ar", or "auto" (the scheduler picks per batch)
-    logprobs: int | None = None        # free text: record each token's logprob and this many alternatives
-    prefix: list[int] = field(default_factory=list)   # a repair: the kept tokens it continues from
-    # set by the scheduler
-    status: RowStatus = RowStatus.WAITING
-    admitted: float | None = None      # time.perf_counter() when it joined a batch
-    t0: float | None = None            # when its first attempt joined (the request's wall time)
-    plan: Generator | None = field(default=None, repr=False)   # the session's attempts, once started
-    guide: ConstraintGuide | None = field(default=None, repr=False)
-    row: RowState | None = field(default=None, repr=False)   # its state in the running batch
-    tokens: list[int] = field(default_factory=list, repr=False)
-
-
-def _status_of(req: RowRequest, res: Any) -> RowStatus:
-    """How a request that left the scheduler ended."""
-    if isinstance(res, GenerationTimeout) and req.stop is not None and req.stop():
-        return RowStatus.CANCELLED
-    return RowStatus.FAILED if isinstance(res, BaseException) else RowStatus.DONE
-
-
-class BatchFailed(Exception):
-    """A batch's canvas raised: every row in it is handed back with this error (``cause``)."""
-
-    def __init__(self, cause: BaseException):
-        super().__init__(f"the batched canvas failed: {cause!r}")
-        self.cause = cause
+def _share_time(clock: Any, model0: float, hook0: float, rows: list[RowRequest]) -> None:
+    """Each row's equal share of the model and constraint time its batch spent since the snapshot
+    (read once per canvas: on CUDA one wait for the clock's last event)."""
+    if rows:
+        dm, dh = (clock.model_s - model0) / len(rows), (clock.hook_s - hook0) / len(rows)
+        for r in rows:
+            r.model_s += max(0.0, dm)
+            r.mask_s += max(0.0, dh)
 
 
 #: the options a batch's :class:`ConstraintGuide` is built from (:meth:`ContinuousScheduler._new_batch`)
@@ -294,6 +248,8 @@ class ContinuousScheduler:
         done = self.admit()
         for b in list(self.batches):
             rows, t0 = b.canvas.size, time.perf_counter()
+            clock = _clock_of(b.canvas)
+            share = (clock, clock.model_s, clock.hook_s, list(b.rows.values())) if clock is not None else None
             try:
                 if b.mode == "ar":
                     # alone: as many tokens as a canvas holds; next to other batches a quarter of that,
@@ -310,6 +266,8 @@ class ContinuousScheduler:
                 done += [(r, BatchFailed(err)) for r in b.rows.values()]
                 continue
             self.counters["canvases"] += 1
+            if share is not None:
+                _share_time(*share)
             self.chooser.record(b.mode, rows=rows, seconds=time.perf_counter() - t0, finished=len(left))
             for row in left:
                 out = self._finish(b, row)
@@ -318,7 +276,7 @@ class ContinuousScheduler:
             if b.canvas.size == 0:
                 self.batches.remove(b)
         for req, res in done:
-            req.status = _status_of(req, res)
+            req.status = status_of(req, res)
         return done
 
     def _canvas_hook(self, b: _Batch) -> Callable[[int, torch.Tensor, list[int]], None] | None:
@@ -354,7 +312,9 @@ class ContinuousScheduler:
         t0 = req.admitted if req.admitted is not None else time.perf_counter()
         wall = time.perf_counter() - t0
         res = self.rt.row_result(row.tokens, row.passes, req.max_new_tokens, mode=b.mode,
-                                 canvases=row.tokens.shape[0] // self.L, wall_s=wall, other_s=wall, seed=req.seed)
+                                 canvases=row.tokens.shape[0] // self.L, wall_s=wall, seed=req.seed,
+                                 model_s=req.model_s, mask_s=req.mask_s, other_s=max(0.0, wall - req.model_s),
+                                 denoising_steps=row.passes if b.mode == "diffusion" else 0)
         if req.session is None:
             if req.stop is not None and req.stop():
                 return req, GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
@@ -365,6 +325,7 @@ class ContinuousScheduler:
             return req, res
         if req.guide.outcome(0).cut:
             return req, GenerationTimeout("the request was dropped from its batch (timed out or cancelled)")
+        req.guide.mask_s = req.mask_s   # the row's own guide is not the one the loop ran: give it its share
         return self._advance(req, req.session.absorb(res, req.guide))
 
     def _advance(self, req: RowRequest, attempt: Any) -> tuple[RowRequest, Any] | None:

@@ -16,7 +16,7 @@ model. The event loop never runs model code (docs/server.md, "Concurrency and li
   :class:`~dgemma_struct.errors.ConstraintEngineError`; the worker thread survives anything.
 * Seeds: every row has its own seed and generator; ``seed=None`` is a fresh random seed per row.
 * Observability: each finished row is reported to ``metrics`` (:mod:`.metrics`); each row's share
-  of model and constraint time goes into its stats (:mod:`.rowclock`).
+  of model and constraint time goes into its stats (the scheduler shares each batch's clock).
 
 The jobs are in :mod:`.jobs`; a job becomes a scheduler row in :mod:`.generation`.
 
@@ -34,7 +34,8 @@ import threading
 import time
 from typing import Any, AsyncIterator
 
-from dgemma_struct.scheduling.scheduler import BatchFailed, ContinuousScheduler
+from dgemma_struct.scheduling.requests import BatchFailed
+from dgemma_struct.scheduling.scheduler import ContinuousScheduler
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.options import GenerateOptions
 from dgemma_struct.results import CanvasEvent, GenerationResult
@@ -43,7 +44,6 @@ from dgemma_struct.runtime import DiffusionRuntime
 from .http_errors import QueueFull, ShuttingDown
 from .generation import JOB_KNOBS, row_request
 from .jobs import DONE, Job, take, typed_error
-from .rowclock import RowClock, fill_stats
 
 __all__ = ["Batcher", "Job", "QueueFull", "ShuttingDown"]
 
@@ -244,10 +244,7 @@ class Batcher:
             jobs = []
             if sched.idle:
                 return
-            early = RowClock.admit(sched)   # rows join first, so their first canvas is timed too
-            snap = RowClock.before(sched)
-            done = early + sched.step()
-            RowClock.after(snap)
+            done = sched.step()
         except BaseException as err:  # noqa: BLE001 - the worker must survive anything
             self.counters["errors"] += 1
             for job in jobs:
@@ -280,7 +277,6 @@ class Batcher:
         if isinstance(res, BatchFailed):   # the canvas failed as a whole: this row in a batch of its own
             self._run_alone(job)
             return
-        fill_stats(job, res)
         if isinstance(res, BaseException):
             job.fail(typed_error(res, job))
             return

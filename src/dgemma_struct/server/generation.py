@@ -10,7 +10,7 @@ from typing import Any
 from dgemma_struct.repair.preparation import prepare
 from dgemma_struct.results import CanvasEvent
 from dgemma_struct.runtime import DiffusionRuntime
-from dgemma_struct.scheduling.scheduler import RowRequest
+from dgemma_struct.scheduling.requests import RowRequest
 
 from .jobs import Job
 

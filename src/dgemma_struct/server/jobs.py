@@ -30,8 +30,6 @@ class Job:
     timeout_s: float | None = None  # run time allowed once the job starts (None: keep ``deadline``)
     started: float | None = None
     on_done: Callable[["Job", Any], None] | None = None   # called once with the result or error (metrics)
-    model_s: float = 0.0            # this job's share of model / constraint time (continuous rows)
-    mask_s: float = 0.0
 
     def start(self) -> None:
         """The worker starts running this job: its run deadline begins now."""
