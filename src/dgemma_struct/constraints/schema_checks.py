@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import unquote, urljoin
 
 import jsonschema
@@ -205,7 +205,7 @@ def follow_pointer(root: Any, parts: Iterable[str]) -> Any:
     cur = root
     for part in parts:
         part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(cur, dict) and part in cur:
+        if isinstance(cur, Mapping) and part in cur:
             cur = cur[part]
         elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
             cur = cur[int(part)]

@@ -8,6 +8,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -19,7 +20,7 @@ from dgemma_struct.errors import DgemmaStructError, LengthError
 from dgemma_struct.grounding import prompt_with_sources
 from dgemma_struct.options import offset_seed
 
-from .http_errors import APIError, api_error_for
+from .http_errors import APIError, api_error_for, compiled
 from .logprobs import chat_logprobs, completion_logprobs, cut_to
 from .protocol import (apply_stop, check_text, choice_estimator_of, estimated_prompt_tokens, generation_options,
                        logprobs_of, spec_of,
@@ -155,23 +156,36 @@ async def _rendered(render: Any) -> Any:
                        param="messages", code="prompt_too_complex") from None
 
 
-async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None,
-              tool_req: Any = None) -> Any:
-    """Answer a chat (``chat=True``) or text completion request for ``prompts``: a JSON response,
-    an SSE stream, or 499 when the client went away. Bad requests raise :class:`APIError`."""
+@dataclass
+class _Plan:
+    """A request after its checks: what :func:`run` needs to compile, run and answer it."""
+    chat: bool
+    top: int | None          # logprobs: alternatives per token (None: off)
+    max_tokens: int
+    n: int
+    spec: Any                # the output constraint's spec (None: free text)
+    param: str | None        # the body field that named it (for errors)
+    stops: list[str]
+    thinking: Any
+    estimator: str | None    # choice probabilities: the estimator asked for
+    use_tools: bool
+
+
+def _plan(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, tool_req: Any) -> _Plan:
+    """Every check that needs no compile and no template, so a bad request is a 400 before any work."""
     check_fields(req)
     top = logprobs_of(req, chat=chat)
     max_tokens = state.check(req)
-    n = req.n or 1
+    where = "messages" if chat else "prompt"
     for p in prompts:
-        check_text(p, "messages" if chat else "prompt")
+        check_text(p, where)
     ctx = state.runtime.max_context
     for p in prompts:  # a lower bound on the prompt's tokens, before any template or tokenizer runs
         est = estimated_prompt_tokens(p)
         if est + max_tokens > ctx:
             raise APIError(400, f"this prompt needs at least {est} tokens (its messages alone), and with "
                                 f"max_tokens={max_tokens} it cannot fit the model's context of {ctx} tokens",
-                           param="messages" if chat else "prompt", code="context_length_exceeded")
+                           param=where, code="context_length_exceeded")
     spec, param = spec_of(req)
     stops = stops_of(req)                    # validated either way ...
     if spec is not None:
@@ -179,85 +193,101 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
     thinking, think_param = thinking_of(req)
     estimator = choice_estimator_of(req, spec, streaming_or_thinking=bool(req.stream) or thinking is not False)
     use_tools = tool_req is not None and (tool_req.calls_possible or spec is None)
-    if use_tools and thinking is not False:
-        raise APIError(400, "thinking together with tool calls is not supported yet", param=think_param,
-                       code="unsupported_parameter")
-    if estimator is not None and use_tools:
-        raise APIError(400, "choice_probabilities together with tool calls is not supported",
-                       param="choice_probabilities", code="unsupported_parameter")
-    if top is not None and (use_tools or thinking is not False):
-        raise APIError(400, "logprobs together with " + ("tool calls" if use_tools else "thinking") +
-                       " are not supported yet", param="logprobs", code="unsupported_parameter")
+    unsupported = (("thinking together with tool calls is not supported yet", think_param)
+                   if use_tools and thinking is not False else
+                   ("choice_probabilities together with tool calls is not supported", "choice_probabilities")
+                   if estimator is not None and use_tools else
+                   ("logprobs together with " + ("tool calls" if use_tools else "thinking") + " are not supported yet",
+                    "logprobs") if top is not None and (use_tools or thinking is not False) else None)
+    if unsupported is not None:
+        raise APIError(400, unsupported[0], param=unsupported[1], code="unsupported_parameter")
     if thinking is not False:
         state.check_thinking(think_param)
         if spec is None:                     # free text after the thought (stop sequences still apply)
             spec = Regex(_FREE_TEXT)
-    grounded = None if use_tools else state.grounding_of(req, spec, param)
-    if use_tools:
-        stops = []
+    return _Plan(chat=chat, top=top, max_tokens=max_tokens, n=req.n or 1, spec=spec, param=param,
+                 stops=[] if use_tools else stops, thinking=thinking, estimator=estimator,
+                 use_tools=use_tools)
+
+
+async def _constraints(state: ServerState, req: Any, plan: _Plan, prompts: list[Any],
+                       tool_req: Any) -> tuple[list[Any], list[Any], Any]:
+    """``(constraint per prompt, prompts, grounding)``: the tool-call constraint, one grounded
+    constraint per prompt (its source defaults to that prompt, which then carries the sources), or
+    one compiled constraint for all."""
+    grounded = None if plan.use_tools else state.grounding_of(req, plan.spec, plan.param)
+    if plan.use_tools:
         loop = asyncio.get_running_loop()
         # the tokenizer set-up (once per process, seconds for 262k pieces) is not timed as a compile
         await loop.run_in_executor(state.compile_executor, prepare_tokenizer, state.runtime)
-        try:
-            constraint = await asyncio.wait_for(loop.run_in_executor(
-                state.compile_executor, compile_for, tool_req, state.runtime), state.config.compile_timeout_s)
-        except asyncio.TimeoutError:
-            raise APIError(400, "compiling the tool declarations took too long", param="tools",
-                           code="constraint_too_complex") from None
-        specs = [constraint] * len(prompts)
-    elif grounded is not None:
-        # one grounded constraint per prompt: the source defaults to that prompt's text
-        specs = [await state.compile_grounded(spec, p, grounded, param) for p in prompts]
-        prompts = [prompt_with_sources(p, c.sources) for p, c in zip(prompts, specs)]
-    else:
-        constraint = await state.compile(spec, param)
-        specs = [constraint] * len(prompts)
-    n_prompt = await _rendered(lambda: [state.prompt_tokens(p) for p in prompts])
+        constraint = await compiled(loop.run_in_executor(state.compile_executor, compile_for, tool_req, state.runtime),
+                                    state.config.compile_timeout_s, what="the tool declarations", param="tools",
+                                    param_of=lambda err: None)
+        return [constraint] * len(prompts), prompts, None
+    if grounded is not None:
+        specs = [await state.compile_grounded(plan.spec, p, grounded, plan.param) for p in prompts]
+        return specs, [prompt_with_sources(p, c.sources) for p, c in zip(prompts, specs)], grounded
+    return [await state.compile(plan.spec, plan.param)] * len(prompts), prompts, None
+
+
+async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None,
+              tool_req: Any = None) -> Any:
+    """Answer a chat (``chat=True``) or text completion request for ``prompts``: a JSON response,
+    an SSE stream, or 499 when the client went away. Bad requests raise :class:`APIError`."""
+    plan = _plan(state, req, prompts, chat=chat, tool_req=tool_req)                  # 1. check
+    specs, prompts, grounded = await _constraints(state, req, plan, prompts, tool_req)  # 2. compile
+    n_prompt = await _rendered(lambda: [state.prompt_tokens(p) for p in prompts])     # 3. template, count
     if tool_req is not None:
         try:
-            check_context(n_prompt[0], max_tokens, state.runtime.max_context, tool_req)
+            check_context(n_prompt[0], plan.max_tokens, state.runtime.max_context, tool_req)
         except DgemmaStructError as err:
             raise api_error_for(err) from None
-    opts = generation_options(req, max_tokens=max_tokens, thinking=thinking, logprobs=top)
-    lp = opts.logprobs is not None
-    if req.stream and state.config.stream_live and not use_tools and not opts.thinks and grounded is None and not lp:
-        if len(prompts) != 1 or n != 1:
-            raise APIError(400, "live streaming takes one prompt and n=1", param="n",
-                           code="unsupported_parameter")
-        return await stream_live(state, req, prompts[0], specs[0], opts, n_prompt[0], stops, chat=chat)
+    opts = generation_options(req, max_tokens=plan.max_tokens, thinking=plan.thinking, logprobs=plan.top)  # 4.
+    if (req.stream and state.config.stream_live and not plan.use_tools and not opts.thinks and grounded is None
+            and opts.logprobs is None):
+        if len(prompts) != 1 or plan.n != 1:
+            raise APIError(400, "live streaming takes one prompt and n=1", param="n", code="unsupported_parameter")
+        return await stream_live(state, req, prompts[0], specs[0], opts, n_prompt[0], plan.stops, chat=chat)
     coros = [state.batcher.submit(p, c, opts if opts.seed is None else opts.with_overrides(seed=offset_seed(opts.seed, j)),
                                   timeout_s=state.config.request_timeout_s)
-             for p, c in zip(prompts, specs) for j in range(n)]
-    try:
-        results = await _gather(coros, request, param)
+             for p, c in zip(prompts, specs) for j in range(plan.n)]
+    try:                                                                              # 5. run the rows
+        results = await _gather(coros, request, plan.param)
     except _ClientGone:
         return Response(status_code=499)
-    if use_tools:
-        return _tool_answer(state, req, results, tool_req, prompt_total=sum(n_prompt) * n)
-    rows = [_row(state, r, stops) for r in results]
-    entries = [_entries(r, row[0]) for r, row in zip(results, rows)] if lp else None
-    # extensions on each choice: the thought (vLLM's reasoning_content) and the grounded spans
-    row_specs = [c for c in specs for _ in range(n)]
+    prompt_total = sum(n_prompt) * plan.n                                             # 6. answer
+    if plan.use_tools:
+        return _tool_answer(state, req, results, tool_req, prompt_total=prompt_total)
+    return await _answer(state, req, plan, prompts, results, [c for c in specs for _ in range(plan.n)],
+                         grounded is not None, opts.thinks, prompt_total)
+
+
+async def _answer(state: ServerState, req: Any, plan: _Plan, prompts: list[Any], results: list[Any],
+                  row_specs: list[Any], grounded: bool, thinks: bool, prompt_total: int) -> Any:
+    """The JSON body or the validated stream of finished rows, with each choice's extensions: the
+    thought (vLLM's ``reasoning_content``), grounded spans, choice probabilities and logprobs."""
+    rows = [_row(state, r, plan.stops) for r in results]
+    entries = [_entries(r, row[0]) for r, row in zip(results, rows)] if plan.top is not None else None
     extras: list[dict[str, Any]] = []
     for r, c, row in zip(results, row_specs, rows):
         extra: dict[str, Any] = {}
-        if opts.thinks:
+        if thinks:
             extra["reasoning_content"] = getattr(r, "reasoning", None)
-        if grounded is not None:
+        if grounded:
             extra["grounding"] = _spans_of(c, row[0]) if row[1] != "length" else None
         extras.append(extra)
-    if estimator is not None:   # the same for every sample of a prompt: scored once per prompt
-        probs = [await _choice_probabilities(state, p, spec.choices, estimator) for p in prompts]
-        for extra, pr in zip(extras, [pr for pr in probs for _ in range(n)]):
+    if plan.estimator is not None:   # the same for every sample of a prompt: scored once per prompt
+        probs = [await _choice_probabilities(state, p, plan.spec.choices, plan.estimator) for p in prompts]
+        for extra, pr in zip(extras, [pr for pr in probs for _ in range(plan.n)]):
             extra["choice_probabilities"] = pr
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    prompt_total = sum(n_prompt) * n
+    rid = ("chatcmpl-" if plan.chat else "cmpl-") + uuid.uuid4().hex[:24]
     if req.stream:
-        return stream_validated(state, req, rid, rows, prompt_total, chat=chat, extras=extras, entries=entries)
+        return stream_validated(state, req, rid, rows, prompt_total, chat=plan.chat, extras=extras, entries=entries)
     if entries is not None:
         for extra, ents in zip(extras, entries):
-            extra["logprobs"] = None if ents is None else chat_logprobs(ents) if chat else completion_logprobs(ents)
-    return json_response(_body(state, rid, rows, extras, prompt_total, chat=chat))
+            extra["logprobs"] = (None if ents is None else chat_logprobs(ents) if plan.chat
+                                 else completion_logprobs(ents))
+    return json_response(_body(state, rid, rows, extras, prompt_total, chat=plan.chat))
 
 
 async def _choice_probabilities(state: ServerState, prompt: Any, choices: Any, estimator: str) -> dict[str, float]:

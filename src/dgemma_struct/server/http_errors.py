@@ -14,8 +14,9 @@ Every error the server sends has the shape OpenAI's API uses::
 """
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import dgemma_struct.errors as E
 from dgemma_struct.tools import ToolCallError
@@ -151,6 +152,29 @@ def api_error_for(err: BaseException, *, param: str | None = None) -> APIError:
     if isinstance(err, E.DgemmaStructError):
         return APIError(400, str(err), code="invalid_request")
     return APIError(500, f"internal error: {type(err).__name__}: {err}", type="server_error", code="internal_error")
+
+
+async def compiled(work: Awaitable[Any], limit: float, *, grace: float = 0.0, what: str = "the constraint",
+                   param: str | None = None,
+                   code: str = "invalid_constraint",
+                   param_of: Callable[[BaseException], str | None] | None = None) -> Any:
+    """``await work`` (a compile on an executor) within ``limit`` (+ ``grace``) seconds, its failures answered
+    the one way every surface (plain, grounded, tools) answers them: too slow or nested too deeply
+    is a 400 ``constraint_too_complex``, a typed error goes through :func:`api_error_for`
+    (``param_of(err)`` picks its field, default ``param``), anything else is a 400 ``code``."""
+    try:
+        return await asyncio.wait_for(work, limit + grace)
+    except asyncio.TimeoutError:
+        raise APIError(400, f"compiling {what} took longer than {limit:g} s", param=param,
+                       code="constraint_too_complex") from None
+    except E.DgemmaStructError as err:
+        raise api_error_for(err, param=param_of(err) if param_of is not None else param) from None
+    except RecursionError:
+        raise APIError(400, f"{what} is nested too deeply", param=param, code="constraint_too_complex") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
+        raise APIError(400, f"cannot compile {what}: {type(err).__name__}: {err}", param=param, code=code) from None
 
 
 ERROR_TABLE_MD = "\n".join(f"| `{c.__name__}` | {s} | `{t}` | `{k}` |" for c, s, t, k in _TABLE)

@@ -20,7 +20,7 @@ from dgemma_struct.runtime import DiffusionRuntime
 from .batcher import Batcher
 from dgemma_struct.constraints.compile_pool import SMALL_SPEC_BYTES, CompilePool, PoolBusy, spec_key, spec_size
 from .config import ServerConfig
-from .http_errors import APIError, api_error_for
+from .http_errors import APIError, api_error_for, compiled
 from .metrics import Metrics
 from .verdicts import REMEMBERED_CODES, Verdicts
 from .tool_calls.request import prepare_tokenizer
@@ -165,26 +165,11 @@ class ServerState:
         try:
             # the tokenizer set-up (once per process; seconds for a 262k vocabulary) is not timed
             await loop.run_in_executor(executor, prepare_tokenizer, self.runtime)
-            try:
-                # the probe enforces the compile timeout itself (it kills the worker); the margin
-                # here covers starting a worker and the in-process compile after the probe
-                margin = (self.pool.start_timeout_s + limit) if self.pool is not None else 0.0
-                return await asyncio.wait_for(loop.run_in_executor(executor,
-                                                                   functools.partial(self._compile_blocking, spec)),
-                                              limit + margin)
-            except asyncio.TimeoutError:
-                raise APIError(400, f"compiling the constraint took longer than {limit:g} s", param=param,
-                               code="constraint_too_complex") from None
-            except DgemmaStructError as err:
-                raise api_error_for(err, param=param) from None
-            except RecursionError:
-                raise APIError(400, "the constraint is nested too deeply", param=param,
-                               code="constraint_too_complex") from None
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
-                raise APIError(400, f"cannot compile the constraint: {type(err).__name__}: {err}", param=param,
-                               code="invalid_constraint") from None
+            # the probe enforces the compile timeout itself (it kills the worker); the margin here
+            # covers starting a worker and the in-process compile after the probe
+            margin = (self.pool.start_timeout_s + limit) if self.pool is not None else 0.0
+            return await compiled(loop.run_in_executor(executor, functools.partial(self._compile_blocking, spec)),
+                                  limit, grace=margin, param=param)
         finally:
             sem.release()
 
@@ -232,23 +217,10 @@ class ServerState:
         limit = self.config.compile_timeout_s
         sem, executor = await self._slot(spec, param)
         try:
-            try:
-                return await asyncio.wait_for(loop.run_in_executor(
-                    executor, functools.partial(self._compile_grounded_blocking, spec, prompt, opts)),
-                    limit)
-            except asyncio.TimeoutError:
-                raise APIError(400, f"compiling the grounded constraint took longer than {limit:g} s",
-                               param=param, code="constraint_too_complex") from None
-            except DgemmaStructError as err:
-                raise api_error_for(err, param="grounding" if isinstance(err, GroundingError) else param) from None
-            except RecursionError:
-                raise APIError(400, "the constraint is nested too deeply", param=param,
-                               code="constraint_too_complex") from None
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
-                raise APIError(400, f"cannot compile the grounded constraint: {type(err).__name__}: {err}",
-                               param=param, code="invalid_grounding") from None
+            return await compiled(
+                loop.run_in_executor(executor, functools.partial(self._compile_grounded_blocking, spec, prompt, opts)),
+                limit, what="the grounded constraint", param=param, code="invalid_grounding",
+                param_of=lambda err: "grounding" if isinstance(err, GroundingError) else param)
         finally:
             sem.release()
 

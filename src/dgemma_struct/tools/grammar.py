@@ -7,6 +7,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from dgemma_struct.constraints.regex_ascii import ascii_classes
+from dgemma_struct.constraints.schema_checks import follow_pointer
 from dgemma_struct.tools.declarations import Tool, ToolCallError, check_choice
 from dgemma_struct.tools.numeric import bounded_number_regex
 from dgemma_struct.tools.syntax import KEY, GEMMA4_MARKERS, encode_arguments
@@ -113,15 +114,10 @@ class _GrammarBuilder:
             return self.refs[key]
         if not ref.startswith("#"):
             raise ToolCallError(f"only local $ref are supported in tool arguments, not {ref!r}")
-        target: Any = self.roots[root]
-        for part in [p for p in ref[1:].split("/") if p]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(target, Mapping) and part in target:
-                target = target[part]
-            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            else:
-                raise ToolCallError(f"dangling $ref {ref!r} in the arguments of tool {root!r}")
+        try:
+            target = follow_pointer(self.roots[root], [p for p in ref[1:].split("/") if p])
+        except LookupError:
+            raise ToolCallError(f"dangling $ref {ref!r} in the arguments of tool {root!r}") from None
         name = self.new("ref")
         self.refs[key] = name
         self.rules[name] = self.expr(target, root, depth + 1)
