@@ -27,8 +27,12 @@ def test_grammar_compiled_once(hf_tok):
 def test_metaschema_errors_still_reported(hf_tok):
     with pytest.raises(SchemaError, match="invalid JSON Schema"):
         compile_constraint({"type": "string", "minLength": -1}, tokenizer=hf_tok)
-    with pytest.raises(SchemaError, match="regex"):  # Python's re cannot run \p{L}: refused as before
-        compile_constraint({"type": "string", "pattern": r"\p{L}+"}, tokenizer=hf_tok)
+    with pytest.raises(SchemaError, match="regex"):
+        compile_constraint({"type": "string", "pattern": r"[a-"}, tokenizer=hf_tok)
+    with pytest.raises(SchemaError, match="regex"):  # a property no Unicode table knows
+        compile_constraint({"type": "string", "pattern": r"\p{NoSuchProperty}+"}, tokenizer=hf_tok)
+    # \p{L} is ECMA-262 (and llguidance reads it): compiled, validation spells it out for Python's re
+    assert compile_constraint({"type": "string", "pattern": r"\p{L}+"}, tokenizer=hf_tok).matches('"π"')
 
 
 def test_cache_bounded_by_bytes(hf_tok, monkeypatch):

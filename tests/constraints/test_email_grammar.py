@@ -28,6 +28,8 @@ def test_every_grammar_email_passes_the_format_check(address):
     ("x" * 65 + "@example.com", False),            # local part over 64 octets: the check rejects it too
     ("}" + "add" * 30 + "@example.com", False),     # what the model wrote before
     ("a@b", False), ("a@-b.com", False), ("a..b@c.com", False), ("ab@xy--z.com", False),
+    ("joe.bloggs@[127.0.0.1]", True), ("a@[255.255.255.255]", True),   # an IPv4 address literal
+    ("a@[01.2.3.4]", False), ("a@[256.1.1.1]", False), ("a@[1.2.3]", False),
 ])
 def test_grammar_email_bounds(hf_tok, address, in_grammar):
     c = compile_constraint(SCHEMA, tokenizer=hf_tok)

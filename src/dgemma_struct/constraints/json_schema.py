@@ -26,6 +26,7 @@ from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, 
 
 from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
                        has_wide_number, is_ecma_regex)
+from .regex_ascii import as_written, re_pattern, re_schema
 from .safety import check_schema_input, clip, engine_guard, is_limit_error, written_here
 from .schema_checks import check_schema, format_checks, is_number, iter_subschemas, spec_format_valid
 
@@ -119,15 +120,24 @@ def _is_email(instance: Any) -> bool:
             and _EMAIL_RE.fullmatch(instance) is not None)
 
 
+def _pattern(validator: Any, patrn: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    """``pattern`` with ``\\p{..}`` / ``\\P{..}`` read as ECMA-262 does (Python's ``re`` has no ``\\p``:
+    :func:`~.regex_ascii.re_pattern` spells them out); the message names the pattern as written."""
+    if validator.is_type(instance, "string") and not re.search(re_pattern(patrn) or patrn, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+
 def make_validator(schema: Any) -> Any:
     """A ``jsonschema`` validator for ``schema`` (the class its ``$schema`` names, 2020-12 by default):
-    exact decimal ``multipleOf`` and format assertion by the one format checker (jsonschema-rs' checks
-    for :data:`~.schema_checks.SPEC_FORMATS`), wherever a schema is validated."""
+    exact decimal ``multipleOf``, ``pattern`` / ``patternProperties`` with Unicode property escapes
+    (:func:`~.regex_ascii.re_schema`) and format assertion by the one format checker (jsonschema-rs'
+    checks for :data:`~.schema_checks.SPEC_FORMATS`), wherever a schema is validated."""
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     ext = _VALIDATOR_CLASSES.get(cls)
     if ext is None:
-        ext = _VALIDATOR_CLASSES[cls] = jsonschema.validators.extend(cls, {"multipleOf": _decimal_multiple_of})
-    return ext(schema, format_checker=_format_checker(cls))
+        ext = _VALIDATOR_CLASSES[cls] = jsonschema.validators.extend(
+            cls, {"multipleOf": _decimal_multiple_of, "pattern": _pattern})
+    return ext(re_schema(schema, iter_subschemas), format_checker=_format_checker(cls))
 
 
 def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
@@ -139,7 +149,7 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
         # bounded: $ref cycles that consume no input are refused at compile time; this is a
         # schema / instance nested beyond Python's recursion limit
         return [((), "validation recursed too deeply (schema or value nested beyond the recursion limit)")]
-    return [(tuple(e.absolute_path), e.message) for e in errs]
+    return [(tuple(e.absolute_path), as_written(e.message)) for e in errs]
 
 
 #: the keywords :func:`_grammar_copy` may rewrite
@@ -150,11 +160,13 @@ _REWRITTEN = frozenset(("minProperties", "exclusiveMinimum", "exclusiveMaximum",
 # rambles in the local part writes grammar-valid addresses that the RFC 5321 check (local part <= 64
 # octets) rejects, and repairs repeat it. This dot-atom form is a subset of what :func:`_is_email` accepts:
 # local part <= 32 + 2 * 16 = 64, domain labels <= 31 without "--", at most 5 labels, a letter-led top
-# label.
+# label, or an IPv4 address literal ("a@[127.0.0.1]", dotted decimal without leading zeros).
 _EMAIL_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
 _EMAIL_LABEL = r"[A-Za-z0-9](?:-?[A-Za-z0-9]){0,15}"  # no "--": "ab--c" reads as an IDNA label
+_EMAIL_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 EMAIL_GRAMMAR_PATTERN = (rf"^{_EMAIL_ATEXT}{{1,32}}(?:\.{_EMAIL_ATEXT}{{1,15}}){{0,2}}"
-                         rf"@(?:{_EMAIL_LABEL}\.){{1,4}}[A-Za-z](?:-?[A-Za-z0-9]){{0,15}}$")
+                         rf"@(?:(?:{_EMAIL_LABEL}\.){{1,4}}[A-Za-z](?:-?[A-Za-z0-9]){{0,15}}"
+                         rf"|\[{_EMAIL_OCTET}(?:\.{_EMAIL_OCTET}){{3}}\])$")
 
 
 _EXTREME = re.compile(r"\d{19}|e[-+]")  # text that may hold an extreme bound (see literals.drop_extreme_bounds)

@@ -30,12 +30,25 @@ escape written as a range endpoint (``[\d-z]``, ``[a-\d]``) is left alone: Rust 
 '[[0-9].]\\\\d[^[^\\x09-\\x0D\\x20]]'
 >>> ascii_classes(r"\p{Nd}[[:alpha:]]")
 '\\p{Nd}[[:alpha:]]'
+
+The other way round, :func:`re_pattern` spells Unicode property escapes (``\p{Letter}``, ``\P{Lu}``,
+``\p{Script=Greek}``: JSON Schema patterns are ECMA-262 in Unicode mode, and llguidance reads them too)
+as explicit code-point classes for Python's ``re``, which has no ``\p`` and runs ``jsonschema``'s
+``pattern`` / ``patternProperties`` checks. The sets come from the ``regex`` module's Unicode tables:
+
+>>> re_pattern(r"[\p{Lu}_]\d").startswith(r"[\u0041-\u005A\u00C0-\u00D6")
+True
+>>> re_pattern(r"\p{NoSuchProperty}") is None
+True
 """
 from __future__ import annotations
 
+import functools
+import json
 import re
+from typing import Any, Callable, Iterable
 
-__all__ = ["ascii_classes", "ASCII_CLASSES"]
+__all__ = ["ascii_classes", "ASCII_CLASSES", "re_pattern", "re_schema", "as_written"]
 
 #: the ASCII set of each shorthand (the lower-case letter); the upper-case letter is its negation
 ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": r"\x09-\x0D\x20"}
@@ -101,3 +114,111 @@ def ascii_classes(pattern: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# \p{..} / \P{..} for Python's re
+# ----------------------------------------------------------------------------------------------
+_PROPERTY = re.compile(r"\\([pP])\{([A-Za-z0-9_ =.&-]{1,80})\}")
+_MAX_CODE_POINT = 0x10FFFF
+
+
+@functools.lru_cache(maxsize=128)
+def _property_class(name: str, negated: bool) -> str | None:
+    """The code points of ``\\p{name}`` (``\\P{name}``: ``negated``) as the items of a bracket class
+    (``\\u0041-\\u005A...``), from the ``regex`` module's tables; None for an unknown or empty set."""
+    try:
+        import regex as _regex
+        rx = _regex.compile(r"\%s{%s}+" % ("P" if negated else "p", name))
+    except Exception:  # noqa: BLE001 - ImportError (regex comes with transformers), unknown property
+        return None
+    every = "".join(map(chr, range(_MAX_CODE_POINT + 1)))  # ~60 ms, dropped again: the classes are cached
+    spans = [m.span() for m in rx.finditer(every)]
+    if not spans:
+        return None
+
+    def esc(cp: int) -> str:
+        return f"\\u{cp:04X}" if cp <= 0xFFFF else f"\\U{cp:08X}"
+
+    return "".join(esc(a) if b - a == 1 else f"{esc(a)}-{esc(b - 1)}" for a, b in spans)
+
+
+@functools.lru_cache(maxsize=512)  # validation asks once per value
+def re_pattern(pattern: str) -> str | None:
+    """``pattern`` with every ``\\p{..}`` / ``\\P{..}`` written as the code-point class Python's ``re``
+    reads (inside a bracket class: its items; ``\\P`` as the complement's). The pattern itself when it
+    has none; None when a property is unknown, empty or a range endpoint (``[\\p{L}-z]``, an error
+    in ECMA-262 too) or without braces (``\\pL``)."""
+    if "\\p" not in pattern and "\\P" not in pattern:
+        return pattern
+    out: list[str] = []
+    n = len(pattern)
+    i = 0
+    start = -1  # inside a bracket class (Python's: not nested): where its items begin; else -1
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            if pattern[i + 1] not in "pP":
+                out.append(pattern[i:i + 2])
+                i += 2
+                continue
+            m = _PROPERTY.match(pattern, i)
+            items = m and _property_class(m.group(2), m.group(1) == "P")
+            if not items:
+                return None
+            j = m.end()
+            if start < 0:
+                out.append(f"[{items}]")
+            elif (i - 1 > start and pattern[i - 1] == "-") or (j + 1 < n and pattern[j] == "-" and pattern[j + 1] != "]"):
+                return None
+            else:
+                out.append(items)
+            i = j
+            continue
+        if start < 0 and c == "[":
+            j = i + 1 + (pattern[i + 1:i + 2] == "^")
+            start = j
+            out.append(pattern[i:j])
+            i = j
+            continue
+        if start >= 0 and c == "]" and i > start:  # a ']' first in the class is a literal
+            start = -1
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def re_schema(schema: Any, subschemas: Callable[[Any], Iterable[tuple[Any, dict]]]) -> Any:
+    """``schema`` for ``jsonschema``'s validators, whose ``patternProperties`` (and the
+    ``additionalProperties`` / ``unevaluatedProperties`` that look at it) run Python's ``re``: a copy
+    with those keys through :func:`re_pattern`, or ``schema`` itself when no key needs it (``pattern``
+    values are left as written: the validator's own ``pattern`` check reads them). ``subschemas``:
+    :func:`~.schema_checks.iter_subschemas` (``(path, subschema)`` pairs; passed in, as schema_checks
+    imports this module)."""
+
+    def spelled(pp: Any) -> bool:
+        return isinstance(pp, dict) and any(("\\p" in k or "\\P" in k) and re_pattern(k) not in (k, None) for k in pp)
+
+    if not isinstance(schema, dict) or not any(spelled(s.get("patternProperties")) for _, s in subschemas(schema)):
+        return schema
+    copy = json.loads(json.dumps(schema))
+    for _, s in subschemas(copy):
+        if spelled(s.get("patternProperties")):
+            if len(_WRITTEN) > 256:
+                _WRITTEN.clear()
+            _WRITTEN.update({re_pattern(k) or k: k for k in s["patternProperties"]})
+            s["patternProperties"] = {re_pattern(k) or k: v for k, v in s["patternProperties"].items()}
+    return copy
+
+
+#: the ``patternProperties`` keys :func:`re_schema` spelled out -> as written (for :func:`as_written`)
+_WRITTEN: dict[str, str] = {}
+
+
+def as_written(message: str) -> str:
+    """A validation message with the patterns :func:`re_schema` spelled out named as written again
+    (``additionalProperties``' "does not match any of the regexes: ..." quotes them)."""
+    if _WRITTEN and "\\\\" in message:
+        for spelled, written in list(_WRITTEN.items()):
+            message = message.replace(repr(spelled), repr(written))
+    return message

@@ -22,6 +22,7 @@ import referencing.jsonschema
 
 from dgemma_struct.errors import SchemaError, UnsupportedKeywordError
 
+from .regex_ascii import re_pattern
 from .safety import check_ref_cycles, clip, engine_guard
 
 __all__ = ["check_schema", "iter_subschemas", "fmt_path", "is_number", "jsonschema_rs", "SPEC_FORMATS",
@@ -31,8 +32,6 @@ _SUBSCHEMA_DICT_KWS = ("properties", "patternProperties", "$defs", "definitions"
 _SUBSCHEMA_LIST_KWS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SUBSCHEMA_KWS = ("items", "additionalProperties", "additionalItems", "contains", "not", "if", "then",
                   "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-
-
 _ALL_SUBSCHEMA_KWS = frozenset(_SUBSCHEMA_DICT_KWS + _SUBSCHEMA_LIST_KWS + _SUBSCHEMA_KWS)
 
 
@@ -151,15 +150,15 @@ def _rs_meta_valid(schema: Any) -> bool:
 
 
 def _patterns_compile(schema: Any, subs: list | None = None) -> bool:
-    """Every ``pattern`` / ``patternProperties`` key compiles with Python's ``re`` (what validation
-    uses; jsonschema's metaschema check asserts it through the ``regex`` format, jsonschema-rs does not)."""
+    """Every ``pattern`` / ``patternProperties`` key compiles with Python's ``re``, ``\\p{..}`` spelled out
+    (what validation runs; jsonschema's metaschema check asserts ``re`` alone, jsonschema-rs does not)."""
     for _, s in (subs if subs is not None else iter_subschemas(schema)):
         pats = [s["pattern"]] if isinstance(s.get("pattern"), str) else []
         if isinstance(s.get("patternProperties"), dict):
             pats += list(s["patternProperties"])
         for p in pats:
             try:
-                re.compile(p)
+                re.compile(re_pattern(p) or p)
             except (re.error, RecursionError, OverflowError):
                 return False
     return True
