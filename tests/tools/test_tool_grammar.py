@@ -179,3 +179,15 @@ def test_parser_rejects_non_calls():
         with pytest.raises(ValueError):
             parse_tool_calls(text)
     assert parse_tool_calls(call("f", "{}") + "<|tool_response>") == [("f", {})]
+
+
+def test_unicode_property_patterns_in_tool_arguments(gemma4_tokenizer):
+    # the tool path checks a declaration with the JSON surface's checks, so `\p{..}` is one dialect on both
+    word = {"name": "word", "parameters": {"type": "object", "required": ["w"],
+                                           "properties": {"w": {"type": "string", "pattern": r"^\p{Letter}+$"}}}}
+    c = compile_tool_calls([word], gemma4_tokenizer, stop_token_ids=STOPS)
+    good, bad = call("word", f"{{w:{S}Ωμέγα{S}}}"), call("word", f"{{w:{S}h3llo{S}}}")
+    assert c.grammar_accepts(good) and c.validate_text(good).ok
+    assert not c.grammar_accepts(bad) and not c.validate_text(bad).ok
+    with pytest.raises(ToolCallError, match="not a 'regex'"):
+        normalise_tools([{"name": "x", "parameters": {"type": "object", "properties": {"a": {"pattern": "[a-"}}}}])

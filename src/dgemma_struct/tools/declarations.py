@@ -98,8 +98,8 @@ def as_tool(obj: Any) -> Tool:
 def normalise_tools(tools: Sequence[Any]) -> list[Tool]:
     """Validate and convert declarations: identifier names, no duplicates, object argument schemas
     that are valid JSON Schema."""
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError as JSError
+    from dgemma_struct.constraints.schema_checks import check_schema
+    from dgemma_struct.errors import SchemaError
 
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
         raise ToolCallError("tools must be a list of tool declarations")
@@ -120,9 +120,9 @@ def normalise_tools(tools: Sequence[Any]) -> list[Tool]:
         if params.get("type", "object") != "object":
             raise ToolCallError(f"tool {tool.name!r}: the arguments schema must be of type 'object'")
         try:
-            Draft202012Validator.check_schema(params)
-        except JSError as err:
-            raise ToolCallError(f"tool {tool.name!r}: invalid arguments schema: {err.message}") from err
+            check_schema(params)   # the JSON surface's checks: one dialect (\p{..} patterns included)
+        except SchemaError as err:
+            raise ToolCallError(f"tool {tool.name!r}: invalid arguments schema: {err}") from err
         except RecursionError as err:
             raise ToolCallError(f"tool {tool.name!r}: arguments schema nested too deeply") from err
         out.append(tool)
