@@ -36,6 +36,9 @@ THINKING = (False, None, True, "optional")
 _FLAGS = ("return_details", "strict", "fallback", "progress", "repair_junk", "close_on_budget", "force_tokens",
           "renoise_invalid", "isolate_compile")
 
+#: the knobs a running batch's guide is built with (:meth:`GenerateOptions.guide_knobs`)
+GUIDE_KNOBS = ("progress", "force_tokens", "renoise_invalid", "close_on_budget")
+
 
 @dataclass(frozen=True)
 class GenerateOptions:
@@ -97,6 +100,15 @@ class GenerateOptions:
     def thinks(self) -> bool:
         """Whether a thought block is switched on (``True`` or ``"optional"``)."""
         return self.thinking not in (False, None)
+
+    def guide_knobs(self) -> dict[str, bool]:
+        """The knobs a batch's guide is built with, so rows that share a batch must share them
+        (the scheduler keys its batches by them).
+
+        >>> GenerateOptions(progress=False).guide_knobs()
+        {'progress': False, 'force_tokens': True, 'renoise_invalid': False, 'close_on_budget': True}
+        """
+        return {k: getattr(self, k) for k in GUIDE_KNOBS}
 
     def with_overrides(self, **overrides: Any) -> GenerateOptions:
         """A copy with ``overrides`` applied (checked again)."""

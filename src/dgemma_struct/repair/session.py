@@ -94,11 +94,9 @@ def batch_guide(sessions: Sequence[RepairSession], walkers: list | None = None, 
     first = sessions[0]
     o = first.opts
     return ConstraintGuide(walkers if walkers is not None else [s.c.canvas_walker() for s in sessions],
-                           pad_token_id=first.rt.pad_token_id or 0, progress=o.progress, force_tokens=o.force_tokens,
-                           renoise_invalid=o.renoise_invalid, deadline=first.deadline,
+                           pad_token_id=first.rt.pad_token_id or 0, deadline=first.deadline,
                            budgets=budgets if budgets is not None else [o.max_new_tokens] * len(sessions),
-                           close_on_budget=o.close_on_budget, row_stop=row_stop, logprobs=o.logprobs,
-                           ar_temperature=o.temperature)
+                           row_stop=row_stop, logprobs=o.logprobs, ar_temperature=o.temperature, **o.guide_knobs())
 
 
 class RepairSession:

@@ -42,7 +42,7 @@ from dgemma_struct.engine.autoregressive import ARBatch
 from dgemma_struct.engine.canvas import CanvasBatch, FinishedRow
 from dgemma_struct.engine.token_logprobs import kept_entries, named
 from dgemma_struct.errors import GenerationTimeout
-from dgemma_struct.options import check_deadline
+from dgemma_struct.options import GenerateOptions, check_deadline
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.scheduling.mode_choice import ModeChooser
 from dgemma_struct.scheduling.requests import BatchFailed, RowRequest, RowStatus, status_of
@@ -51,7 +51,7 @@ from dgemma_struct.guide.rows import RowState
 if TYPE_CHECKING:
     from dgemma_struct.runtime import DiffusionRuntime
 
-__all__ = ["ContinuousScheduler", "GUIDE_KNOBS"]
+__all__ = ["ContinuousScheduler"]
 
 
 def _clock_of(canvas: CanvasBatch | ARBatch) -> Any:
@@ -71,8 +71,7 @@ def _share_time(clock: Any, model0: float, hook0: float, rows: list[RowRequest])
 
 
 #: the options a batch's :class:`ConstraintGuide` is built from (:meth:`ContinuousScheduler._new_batch`)
-GUIDE_KNOBS = ("progress", "force_tokens", "renoise_invalid", "close_on_budget")
-_DEFAULT_KNOBS = (True, True, False, True)   # what ``_new_batch`` builds a guide with for a row without options
+_FREE_KNOBS = GenerateOptions().guide_knobs()   # a free-text row's batch: the defaults (no rule applies to it)
 
 
 @dataclass(eq=False)
@@ -129,9 +128,8 @@ class ContinuousScheduler:
     def _key(self, req: RowRequest) -> tuple:
         """What rows must share to share a batch: the mode and sampling, and the knobs the batch's
         guide is built with (a row never runs under another request's progress or closing rule)."""
-        o = req.session.opts if req.session is not None else None
-        return (req.mode, req.temperature, req.top_p) + (tuple(getattr(o, k) for k in GUIDE_KNOBS) if o
-                                                          else _DEFAULT_KNOBS)
+        knobs = req.session.opts.guide_knobs() if req.session is not None else _FREE_KNOBS
+        return (req.mode, req.temperature, req.top_p) + tuple(knobs.values())
 
     @staticmethod
     def _joins(b: _Batch, req: RowRequest, key: tuple) -> bool:
@@ -147,11 +145,9 @@ class ContinuousScheduler:
 
     def _new_batch(self, req: RowRequest, load: int) -> _Batch:
         mode = self.chooser.pick(load) if req.mode == "auto" else req.mode
-        o = req.session.opts if req.session is not None else None
-        guide = ConstraintGuide([], pad_token_id=self.rt.pad_token_id or 0,
-                                progress=o.progress if o else True, force_tokens=o.force_tokens if o else True,
-                                renoise_invalid=o.renoise_invalid if o else False, budgets=[],
-                                close_on_budget=o.close_on_budget if o else True, ar_temperature=req.temperature)
+        knobs = req.session.opts.guide_knobs() if req.session is not None else _FREE_KNOBS
+        guide = ConstraintGuide([], pad_token_id=self.rt.pad_token_id or 0, budgets=[], ar_temperature=req.temperature,
+                                **knobs)
         if mode == "ar":
             batch: CanvasBatch | ARBatch = ARBatch(self.rt.model, eos_token_ids=self.rt.eos_token_ids,
                                                    pad_token_id=self.rt.pad_token_id, hook=guide,
