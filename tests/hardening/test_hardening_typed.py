@@ -83,6 +83,22 @@ def test_a_huge_bound_in_an_optional_branch_is_not_refused(rt):
     assert min_json_chars({"type": "object", "properties": {"a": {"type": "string", "minLength": 10 ** 9}}}) == 2
 
 
+@pytest.mark.parametrize("call", [
+    lambda rt: ds.generate_grounded([1, 2], {"type": "object"}, runtime=rt),
+    lambda rt: ds.generate_grounded(("x",), {"type": "object"}, runtime=rt),
+    lambda rt: ds.generate_grounded("x", {"type": "object"}, runtime=rt, max_new_tokens=None),
+    lambda rt: ds.generate_grounded("x", {"type": "object"}, runtime=rt, max_new_tokens="abc"),
+    lambda rt: ds.generate_grounded("x", {"type": "object"}, runtime=rt, max_new_tokens=[1, 2]),
+    lambda rt: ds.generate_grounded("x", {"type": "object"}, runtime=rt, strict=[1, 2]),
+    lambda rt: ds.generate_grounded_batch(5, {"type": "object"}, runtime=rt),
+    lambda rt: compile_constraint({"type": "integer"}, rt.tokenizer, strict=[1, 2]),
+], ids=["list-prompt", "tuple-prompt", "mnt-none", "mnt-str", "mnt-list", "strict-list", "batch-int", "compile-strict"])
+def test_the_adversarial_benchmarks_untyped_cases_are_typed(rt, call):
+    # found by benchmarks/adversarial.py (the property test below keeps max_new_tokens an int)
+    with pytest.raises(DgemmaStructError):
+        call(rt)
+
+
 ARGS = st.one_of(st.none(), st.booleans(), st.integers(-10, 10 ** 20), st.floats(allow_nan=True),
                  st.text(max_size=12), st.binary(max_size=4), st.lists(st.integers(-3, 3), max_size=3),
                  st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),

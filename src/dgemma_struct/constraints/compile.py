@@ -203,6 +203,9 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
     kind, payload, adapter, key = _normalise(spec, keyed=use_cache)
     if strict_objects is not None and not isinstance(strict_objects, bool):
         raise ConstraintError(f"strict_objects must be a bool or None, got {strict_objects!r}")
+    for name, flag in (("strict", strict), ("use_cache", use_cache)):
+        if not isinstance(flag, bool):
+            raise ConstraintError(f"{name} must be a bool, got {flag!r}")
     closed = (adapter is not None) if strict_objects is None else strict_objects
     closed = closed and kind is ConstraintKind.JSON
     ck = (key, info.key, strict, whitespace, tuple(separators) if separators else None, closed)

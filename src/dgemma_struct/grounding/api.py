@@ -11,6 +11,8 @@ from dgemma_struct.errors import DgemmaStructError, GenerationFailed, InvalidReq
 from dgemma_struct.grounding.constraint import GroundedConstraint, compile_grounded
 from dgemma_struct.grounding.render import render_html
 from dgemma_struct.grounding.sources import GroundedSpan, grounded_sources, prompt_with_sources
+from dgemma_struct.options import GenerateOptions
+from dgemma_struct.prompts import chat_messages
 from dgemma_struct.repair.preparation import resolve_runtime
 
 
@@ -38,6 +40,8 @@ class GroundedResult:
 
 def _prepare(prompt: Any, schema: Any, runtime: Any, *, source: Any, ground: str | None, granularity: str,
              max_new_tokens: int, strict: bool) -> tuple[Any, GroundedConstraint]:
+    GenerateOptions(max_new_tokens=max_new_tokens, strict=strict)   # bad knobs: typed errors, before any work
+    chat_messages(prompt, max_context=runtime.max_context)          # neither text nor chat messages: the same
     docs = grounded_sources(prompt, source)
     full = prompt_with_sources(prompt, docs) if source is not None else prompt
     ids = runtime.encode_prompt(full)
@@ -83,6 +87,8 @@ def generate_grounded_batch(prompts: Sequence[Any], schema: Any, *, sources: Seq
     """:func:`generate_grounded` for many prompts in one batched canvas loop (``schema``: one for all
     or one per prompt; ``sources``: one per prompt, None entries meaning the prompt's text). With
     ``return_exceptions=True`` a failed row holds its typed error."""
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise InvalidRequestError(f"prompts must be a list, got {type(prompts).__name__}")
     rt = resolve_runtime(runtime)
     n = len(prompts)
     schemas = list(schema) if isinstance(schema, (list, tuple)) else [schema] * n
