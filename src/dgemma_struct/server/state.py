@@ -58,12 +58,14 @@ class ServerState:
 
     def start(self) -> None:
         self.batcher.start()
-        if self.pool is not None:   # start one compile worker in the background
+        if self.pool is not None:   # start the compile workers in the background
             threading.Thread(target=self._warm, daemon=True, name="dgemma-struct-compile-warm").start()
 
     def _warm(self) -> None:
+        # every lane's workers, the small lane's included: with only one started, the first flood of
+        # big specs took it and a small spec paid a worker's start-up (4 s measured) behind them
         try:
-            self.pool.warm()
+            self.pool.warm(self.pool.max_workers)
         except Exception:  # noqa: BLE001 - the first compile starts one instead
             pass
 
