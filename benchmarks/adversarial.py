@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from batch_scaling import ROOT, tree_info  # noqa: E402
+from batch_scaling import ROOT, tree_info, write_results  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data"
 I64_MIN, I64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -395,11 +395,12 @@ class Runner:
     def __init__(self, smoke: bool, case_timeout_s: float, startup_s: float = 120.0):
         self.smoke, self.timeout, self.startup = smoke, case_timeout_s, startup_s
         self.workers = 0
+        # the worker process (reads case ids as JSON on stdin, prints ``START id`` and results)
+        self.worker_cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"] + (["--smoke"] if smoke else [])
 
     def _spawn(self) -> tuple[subprocess.Popen, queue.Queue]:
         env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"] + (["--smoke"] if self.smoke else [])
-        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        p = subprocess.Popen(self.worker_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                              text=True, env=env, start_new_session=True)
         q: queue.Queue = queue.Queue()
 
@@ -1027,13 +1028,7 @@ def main() -> None:
     result: dict[str, Any] = {"meta": meta, "api": api, "server": server_part}
     result["targets"] = targets(result)
     result["cases"] = [dict(recs[c["id"]], group=c["group"], verb=c["verb"]) for c in cases]
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    js, mdp = Path(f"{out}.json"), Path(f"{out}.md")
-    js.write_text(json.dumps(result, indent=1, default=str))
-    md = markdown(result)
-    mdp.write_text(md)
-    print("\n" + md)
+    js, mdp = write_results(result, a.out, markdown)
     say(f"wrote {js}, {mdp}")
 
 

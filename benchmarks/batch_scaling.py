@@ -91,6 +91,19 @@ def tree_info(root: Path) -> dict[str, Any]:
             "dirty_files": status.splitlines()[:20]}
 
 
+def write_results(result: dict[str, Any], out: str | os.PathLike, markdown: Any) -> tuple[Path, Path]:
+    """``{out}.json`` (the results) and ``{out}.md`` (``markdown(result)``, also printed): the docs
+    tables are generated from the results file, never copied by hand. Returns the two paths."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    js, mdp = Path(f"{out}.json"), Path(f"{out}.md")
+    js.write_text(json.dumps(result, indent=1, default=str))
+    md = markdown(result)
+    mdp.write_text(md)
+    print("\n" + md)
+    return js, mdp
+
+
 def held_out(n: int) -> list[dict]:
     """The first ``n`` held-out corpus examples that carry a JSON schema (as batch_rows.py)."""
     from dgemma_struct.training.corpus import make_corpus
@@ -489,14 +502,8 @@ def main() -> None:
     result["cells"] = {lab: {m: {str(b): cells[lab][m][b] for b in bs} for m in a.modes} for lab in labels}
     if not a.no_plot and plot(result, Path(a.plot)):
         result["plot"] = str(Path(a.plot).resolve())
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     # JSON keys must be strings: the summary's B keys become "1", "4", ...
-    js, mdp = Path(f"{out}.json"), Path(f"{out}.md")
-    js.write_text(json.dumps(result, indent=1, default=str))
-    md = markdown(result)
-    mdp.write_text(md)
-    print("\n" + md)
+    js, mdp = write_results(result, a.out, markdown)
     print(f"wrote {js}, {mdp}"
           + (f", {result['plot']}" if result.get("plot") else "") + f" in {meta['wall_s_total']:.0f}s")
 

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from batch_scaling import ROOT, held_out, pin_tree, schema_checker, tree_info, tree_root  # noqa: E402
+from batch_scaling import (ROOT, held_out, pin_tree, schema_checker, tree_info, tree_root,  # noqa: E402
+                           write_results)
 
 
 # ---------------------------------------------------------------- the server process
@@ -569,13 +570,7 @@ async def amain(a: argparse.Namespace) -> None:
     result["runs"] = runs
     if not a.no_plot and plot(result, Path(a.plot)):
         result["plot"] = str(Path(a.plot).resolve())
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    js, mdp = Path(f"{out}.json"), Path(f"{out}.md")
-    js.write_text(json.dumps(result, indent=1, default=str))
-    md = markdown(result)
-    mdp.write_text(md)
-    print("\n" + md)
+    js, mdp = write_results(result, a.out, markdown)
     print(f"wrote {js}, {mdp}" + (f", {result['plot']}" if result.get("plot") else "")
           + f" in {meta['wall_s_total']:.0f}s (server logs in {logdir})")
 
