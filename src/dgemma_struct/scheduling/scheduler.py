@@ -60,14 +60,18 @@ def _clock_of(canvas: CanvasBatch | ARBatch) -> Any:
     return run.clock if run is not None else getattr(canvas, "clock", None)
 
 
-def _share_time(clock: Any, model0: float, hook0: float, rows: list[RowRequest]) -> None:
-    """Each row's equal share of the model and constraint time its batch spent since the snapshot
-    (read once per canvas: on CUDA one wait for the clock's last event)."""
+def _share_time(clock: Any, seen: tuple | None, rows: list[RowRequest]) -> tuple:
+    """Each row's equal share of the model and constraint time its batch's ``clock`` gained since
+    ``seen`` (the last ``(clock, model_s, hook_s)`` shared; a new clock starts from 0). The clock is
+    read once per canvas (on CUDA one wait for its last event); returns the new ``seen``."""
+    model0, hook0 = (seen[1], seen[2]) if seen is not None and seen[0] is clock else (0.0, 0.0)
+    model, hook = clock.model_s, clock.hook_s
     if rows:
-        dm, dh = (clock.model_s - model0) / len(rows), (clock.hook_s - hook0) / len(rows)
+        dm, dh = (model - model0) / len(rows), (hook - hook0) / len(rows)
         for r in rows:
             r.model_s += max(0.0, dm)
             r.mask_s += max(0.0, dh)
+    return clock, model, hook
 
 
 #: the options a batch's :class:`ConstraintGuide` is built from (:meth:`ContinuousScheduler._new_batch`)
@@ -81,6 +85,7 @@ class _Batch:
     canvas: CanvasBatch | ARBatch
     guide: ConstraintGuide
     rows: dict[int, RowRequest] = field(default_factory=dict)
+    seen: tuple | None = None          # (clock, model_s, hook_s) when its time was last shared
 
 
 class ContinuousScheduler:
@@ -244,8 +249,7 @@ class ContinuousScheduler:
         done = self.admit()
         for b in list(self.batches):
             rows, t0 = b.canvas.size, time.perf_counter()
-            clock = _clock_of(b.canvas)
-            share = (clock, clock.model_s, clock.hook_s, list(b.rows.values())) if clock is not None else None
+            clock, present = _clock_of(b.canvas), list(b.rows.values())
             try:
                 if b.mode == "ar":
                     # alone: as many tokens as a canvas holds; next to other batches a quarter of that,
@@ -262,8 +266,8 @@ class ContinuousScheduler:
                 done += [(r, BatchFailed(err)) for r in b.rows.values()]
                 continue
             self.counters["canvases"] += 1
-            if share is not None:
-                _share_time(*share)
+            if clock is not None:
+                b.seen = _share_time(clock, b.seen, present)
             self.chooser.record(b.mode, rows=rows, seconds=time.perf_counter() - t0, finished=len(left))
             for row in left:
                 out = self._finish(b, row)

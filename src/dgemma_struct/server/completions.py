@@ -193,14 +193,15 @@ def _plan(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, tool_
     thinking, think_param = thinking_of(req)
     estimator = choice_estimator_of(req, spec, streaming_or_thinking=bool(req.stream) or thinking is not False)
     use_tools = tool_req is not None and (tool_req.calls_possible or spec is None)
-    unsupported = (("thinking together with tool calls is not supported yet", think_param)
-                   if use_tools and thinking is not False else
-                   ("choice_probabilities together with tool calls is not supported", "choice_probabilities")
-                   if estimator is not None and use_tools else
-                   ("logprobs together with " + ("tool calls" if use_tools else "thinking") + " are not supported yet",
-                    "logprobs") if top is not None and (use_tools or thinking is not False) else None)
-    if unsupported is not None:
-        raise APIError(400, unsupported[0], param=unsupported[1], code="unsupported_parameter")
+    if use_tools and thinking is not False:
+        raise APIError(400, "thinking together with tool calls is not supported yet", param=think_param,
+                       code="unsupported_parameter")
+    if estimator is not None and use_tools:
+        raise APIError(400, "choice_probabilities together with tool calls is not supported",
+                       param="choice_probabilities", code="unsupported_parameter")
+    if top is not None and (use_tools or thinking is not False):
+        raise APIError(400, "logprobs together with " + ("tool calls" if use_tools else "thinking") +
+                       " are not supported yet", param="logprobs", code="unsupported_parameter")
     if thinking is not False:
         state.check_thinking(think_param)
         if spec is None:                     # free text after the thought (stop sequences still apply)
