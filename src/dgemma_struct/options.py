@@ -34,7 +34,7 @@ MAX_LOGPROBS = 20   # top alternatives per token (``logprobs``), as OpenAI's ``t
 WHITESPACE = ("compact", "model", "flexible")
 THINKING = (False, None, True, "optional")
 _FLAGS = ("return_details", "strict", "fallback", "progress", "repair_junk", "close_on_budget", "force_tokens",
-          "renoise_invalid", "isolate_compile")
+          "renoise_invalid", "isolate_compile", "bounded_numbers", "field_budget", "confidence")
 
 #: the knobs a running batch's guide is built with (:meth:`GenerateOptions.guide_knobs`)
 GUIDE_KNOBS = ("progress", "force_tokens", "renoise_invalid", "close_on_budget")
@@ -67,6 +67,9 @@ class GenerateOptions:
     renoise_invalid: bool = False        # the guide renoises accepted positions past a violation
     logprobs: int | None = None          # None: off; k: each token's logprob and its k top alternatives
     isolate_compile: bool = False        # compile user specs in a worker process first (a native crash is typed)
+    bounded_numbers: bool = True         # number literals no longer than their type holds (float64 / int64 / bounds)
+    field_budget: bool = True            # strings without maxLength get a length bound from the token budget
+    confidence: bool = False             # per-field confidence (``result.confidence``) with return_details
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -125,13 +128,39 @@ class GenerateOptions:
         names = set(allowed) if allowed is not None else set(FIELDS)
         for key in overrides:
             if key not in names:
-                raise TypeError(f"{verb}() got an unexpected keyword argument {key!r}")
+                hint = did_you_mean(key, names)
+                raise TypeError(f"{verb}() got an unexpected keyword argument {key!r}" + (f"; did you mean {hint!r}?" if hint else ""))
         if options is None:
             return cls(**overrides)
         return options.with_overrides(**overrides)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(GenerateOptions))
+
+#: the spellings other APIs use for a knob (OpenAI's, vLLM's, transformers') -> the knob here
+ALIASES = {"max_tokens": "max_new_tokens", "max_output_tokens": "max_new_tokens",
+           "max_completion_tokens": "max_new_tokens", "top_logprobs": "logprobs", "random_seed": "seed",
+           "response_format": "spec", "schema": "spec"}
+
+
+def did_you_mean(key: str, names: Iterable[str]) -> str | None:
+    """The knob a mistyped or foreign keyword most likely meant, or ``None``.
+
+    >>> did_you_mean("max_tokens", FIELDS)
+    'max_new_tokens'
+    >>> did_you_mean("temprature", FIELDS)
+    'temperature'
+    >>> did_you_mean("colour", FIELDS) is None
+    True
+    """
+    import difflib
+
+    names = set(names)
+    alias = ALIASES.get(key)
+    if alias in names:
+        return alias
+    close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def check_format(whitespace: Any, separators: Any) -> None:
