@@ -73,7 +73,16 @@ class GenerationResult:
     """``text`` and ``token_ids`` are the generated continuation (prompt excluded, special
     tokens and padding removed from ``text``); ``value`` is set by the constrained API.
     ``reasoning``: with ``thinking=``, the model's thought (never part of ``text`` or ``value``).
-    ``logprobs``: with ``logprobs=k``, one :class:`TokenLogprob` per entry of ``token_ids``."""
+    ``logprobs``: with ``logprobs=k``, one :class:`TokenLogprob` per entry of ``token_ids``.
+
+    ``confidence``: with ``confidence=True``, per-field confidence: the JSON Pointer of each leaf
+    value of a JSON output (``"/name"``, ``"/lines/0/sku"``; ``""`` for a scalar root and for the
+    whole output of a regex / grammar / choice constraint) -> the probability, in [0, 1], that the
+    model gives *that exact value* under the constraint: the product of the probabilities of the
+    tokens that wrote it, each renormalised over the tokens the constraint allowed at the step it
+    was committed (a grammar-forced token counts as 1). An enum / boolean / choice value is so the
+    probability of the chosen option among the allowed ones. ``None`` unless asked for. Definition,
+    limits and calibration: docs/confidence.md (:mod:`dgemma_struct.repair.field_confidence`)."""
 
     text: str
     token_ids: list[int]
@@ -81,6 +90,19 @@ class GenerationResult:
     value: Any = None
     reasoning: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    confidence: dict[str, float] | None = None
+
+    def low_confidence(self, threshold: float = 0.5) -> list[str]:
+        """The pointers whose confidence is below ``threshold`` (fields to review), least confident
+        first; empty when no confidence was computed.
+
+        >>> r = GenerationResult(text="", token_ids=[], confidence={"/name": 0.98, "/age": 0.31, "/x": 0.2})
+        >>> r.low_confidence(), r.low_confidence(0.25)
+        (['/x', '/age'], ['/x'])
+        """
+        if not self.confidence:
+            return []
+        return [k for k, p in sorted(self.confidence.items(), key=lambda kv: kv[1]) if p < threshold]
 
     def to_dict(self) -> dict[str, Any]:
         value = self.value.model_dump() if hasattr(self.value, "model_dump") else self.value
@@ -88,6 +110,8 @@ class GenerationResult:
                "stats": self.stats.to_dict()}
         if self.logprobs is not None:
             out["logprobs"] = [asdict(e) for e in self.logprobs]
+        if self.confidence is not None:
+            out["confidence"] = dict(self.confidence)
         return out
 
 
@@ -98,7 +122,8 @@ class CanvasEvent:
     ``value``: for a constrained JSON stream, the partial value parsed so far (a partial pydantic
     instance for a pydantic schema); on the final event the validated value. ``validated`` is True
     only on that final event: every earlier value is a draft, never checked against the schema.
-    The final event (``done=True``) carries ``finish_reason`` and ``stats``."""
+    The final event (``done=True``) carries ``finish_reason``, ``stats`` and, when asked for,
+    the result's per-field ``confidence``."""
 
     row: int
     canvas_index: int
@@ -110,6 +135,7 @@ class CanvasEvent:
     validated: bool = False
     finish_reason: str | None = None
     stats: GenerationStats | None = None
+    confidence: dict[str, float] | None = None
 
     @classmethod
     def final(cls, result: GenerationResult, *, validated: bool, value: Any = None) -> "CanvasEvent":
@@ -121,7 +147,7 @@ class CanvasEvent:
         """
         return cls(row=0, canvas_index=max(0, result.stats.canvases - 1), token_ids=result.token_ids,
                    text=result.text, done=True, value=value, validated=validated,
-                   finish_reason=result.stats.finish_reason, stats=result.stats)
+                   finish_reason=result.stats.finish_reason, stats=result.stats, confidence=result.confidence)
 
 
 @dataclass(frozen=True)

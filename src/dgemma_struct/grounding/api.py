@@ -19,7 +19,9 @@ from dgemma_struct.repair.preparation import resolve_runtime
 @dataclass
 class GroundedResult:
     """A grounded extraction: ``value`` (pydantic instance or JSON value), ``spans`` (one
-    :class:`GroundedSpan` per grounded value), ``sources`` (the documents), ``text``, ``stats``."""
+    :class:`GroundedSpan` per grounded value), ``sources`` (the documents), ``text``, ``stats``;
+    with ``confidence=True``, ``confidence`` (JSON Pointer of each leaf -> probability, as
+    :attr:`GenerationResult.confidence <dgemma_struct.results.GenerationResult>`)."""
 
     value: Any
     spans: list[GroundedSpan]
@@ -27,11 +29,16 @@ class GroundedResult:
     text: str = ""
     stats: Any = None
     json_value: Any = None
+    confidence: dict[str, float] | None = None
 
     def to_dict(self) -> dict:
-        """JSON-ready ``{"value", "spans", "sources"}`` (what a server returns in its extension field)."""
+        """JSON-ready ``{"value", "spans", "sources"}`` (what a server returns in its extension field),
+        with ``"confidence"`` when it was computed."""
         v = self.value.model_dump(mode="json") if hasattr(self.value, "model_dump") else self.value
-        return {"value": v, "spans": [s.to_dict() for s in self.spans], "n_sources": len(self.sources)}
+        out = {"value": v, "spans": [s.to_dict() for s in self.spans], "n_sources": len(self.sources)}
+        if self.confidence is not None:
+            out["confidence"] = dict(self.confidence)
+        return out
 
     def to_html(self, *, title: str | None = None, full_page: bool = True) -> str:
         """The source documents with every grounded span highlighted and labelled by its field."""
@@ -61,7 +68,7 @@ def _result(res: Any, c: GroundedConstraint) -> GroundedResult:
         raise GenerationFailed("a grounded value is not in the source: " + "; ".join(map(str, issues)),
                                errors=[str(i) for i in issues], partial_text=res.text, stats=res.stats)
     return GroundedResult(value=res.value, spans=spans, sources=c.sources, text=res.text, stats=res.stats,
-                          json_value=raw)
+                          json_value=raw, confidence=res.confidence)
 
 
 def generate_grounded(prompt: Any, schema: Any, *, source: str | Sequence[str] | None = None,

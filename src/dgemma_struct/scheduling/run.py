@@ -1,7 +1,9 @@
 """Prepared requests driven to completion on the one batch road: every
 :class:`~dgemma_struct.repair.session.RepairSession` becomes a row of a
 :class:`~dgemma_struct.scheduling.scheduler.ContinuousScheduler` (diffusion or AR, with or without
-logprobs), rows leave as they finish and their repairs join again.
+logprobs), rows leave as they finish and their repairs join again. A session that asks for
+``confidence`` records its tokens' logprobs and gets its per-field confidence
+(:mod:`dgemma_struct.repair.field_confidence`).
 
 Example::
 
@@ -21,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 
 from dgemma_struct.errors import DgemmaStructError
+from dgemma_struct.repair.field_confidence import attach_confidence, record_for_confidence
 from dgemma_struct.scheduling.requests import BatchFailed, RowRequest
 from dgemma_struct.scheduling.scheduler import ContinuousScheduler
 
@@ -45,17 +48,17 @@ def _row(sess: RepairSession, tag: int, stop: Callable[[], bool] | None,
                       on_canvas=on_canvas)
 
 
-def _settled(sess: RepairSession, res: Any) -> Any:
+def _settled(sess: RepairSession, res: Any, drop_logprobs: bool = False) -> Any:
     """A row's result as the caller gets it: a batch that failed as a whole is rerun alone; an
-    error that is not typed (a bug) is raised."""
+    error that is not typed (a bug) is raised; with ``confidence``, its per-field confidence."""
     if isinstance(res, BatchFailed):
         try:
-            return sess.solve()
+            res = sess.solve()
         except DgemmaStructError as err:
             return err
     if isinstance(res, BaseException) and not isinstance(res, DgemmaStructError):
         raise res
-    return res
+    return attach_confidence(res, sess, drop_logprobs=drop_logprobs)
 
 
 def run_sessions(rt: DiffusionRuntime, sessions: Sequence[RepairSession],
@@ -64,12 +67,13 @@ def run_sessions(rt: DiffusionRuntime, sessions: Sequence[RepairSession],
     ``stops[i]()`` True drops row ``i`` (a :class:`~dgemma_struct.errors.GenerationTimeout`). A row
     whose batched canvas failed as a whole is rerun alone, so only the row that breaks fails."""
     sched = ContinuousScheduler(rt, max_rows=max(1, len(sessions)))
+    drop = [record_for_confidence(sess) for sess in sessions]
     for j, sess in enumerate(sessions):
         sched.submit(_row(sess, j, stops[j] if stops is not None else None))
     results: list[Any] = [None] * len(sessions)
     while not sched.idle:
         for req, res in sched.step():
-            results[req.tag] = _settled(sessions[req.tag], res)
+            results[req.tag] = _settled(sessions[req.tag], res, drop[req.tag])
     return results
 
 
@@ -77,12 +81,13 @@ def stream_session(rt: DiffusionRuntime, session: RepairSession) -> Generator[li
     """One session on the same road, yielding its first attempt's committed tokens after each canvas
     (cut as the result will be); returns its result or typed error (``StopIteration.value``)."""
     sched = ContinuousScheduler(rt, max_rows=1)
+    drop = record_for_confidence(session)
     canvases: list[list[int]] = []
     sched.submit(_row(session, 0, None, on_canvas=canvases.append))
     result: Any = None
     while not sched.idle:
         for _, res in sched.step():
-            result = _settled(session, res)
+            result = _settled(session, res, drop)
         yield from canvases
         canvases.clear()
     return result

@@ -17,7 +17,9 @@ def generate_tool_calls(prompt_or_messages: Any, tools: Sequence[Any], *, tool_c
 
     ``prompt_or_messages``: a user string or chat messages (``role: "tool"`` results included); the
     declarations are rendered into the system turn by the checkpoint's chat template. Other options
-    are those of :func:`dgemma_struct.generate` (``max_new_tokens``, ``mode``, ``seed``, ...)."""
+    are those of :func:`dgemma_struct.generate` (``max_new_tokens``, ``mode``, ``seed``, ...).
+    ``confidence=True``: ``result.confidence`` is ``{"": p}``, the probability of the whole call
+    text under the constraint (docs/confidence.md; per-argument confidence is not computed yet)."""
     if not isinstance(prompt_or_messages, str) and not (
             isinstance(prompt_or_messages, (list, tuple)) and all(isinstance(m, dict) for m in prompt_or_messages)):
         raise InvalidRequestError(f"prompt_or_messages must be a string or a list of chat messages (dicts), not "
@@ -32,6 +34,7 @@ def generate_tool_calls(prompt_or_messages: Any, tools: Sequence[Any], *, tool_c
     res = generate(prompt, c, runtime=rt, return_details=True, **opts)
     out: ToolCallResult = res.value
     out.stats = res.stats
+    out.confidence = res.confidence
     if out.calls:
         out.stats.finish_reason = "tool_calls"
     return out

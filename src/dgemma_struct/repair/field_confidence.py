@@ -1,0 +1,174 @@
+"""Per-field confidence (``confidence=True``): for every leaf value of an output, the probability
+the model gave that exact value under the constraint, from the token log-probabilities the guide
+already records (:mod:`dgemma_struct.engine.token_logprobs`) — no extra forward pass.
+
+Definition. A token's probability is the one it was committed from: the step's logits at its
+position, restricted to the tokens the constraint allowed after the tokens committed before it,
+renormalised (a grammar-forced token: 1). The tokens of a value are those whose characters overlap
+it (quotes included; for a number also the token that ended it, which decided that no digit
+followed). The value's confidence is the **product** of their probabilities: the probability of the
+whole value under the sequential factorisation the decoder committed it in (left to right in commit
+order, each factor conditioned on what was committed before). An enum / boolean / choice value is
+so the probability of the chosen option among the allowed ones: its first non-forced token decides
+it and the forced rest counts 1. The product was measured against the minimum and the geometric
+mean of the token probabilities (benchmarks/calibration.py, docs/confidence.md).
+
+Pointers are JSON Pointers (RFC 6901) of the leaves of a JSON output (scalars and empty
+containers); ``""`` is a scalar root, and the whole output of a constraint without a schema
+(regex, grammar, choice, tool calls).
+
+Example::
+
+    >>> from dgemma_struct.results import TokenLogprob
+    >>> pieces = ['{"', 'a', '":', '"x', 'y', '",', '"b', '":', 'true', '}']
+    >>> lps = [0.0, 0.0, 0.0, -0.1, -0.2, 0.0, 0.0, 0.0, -0.05, 0.0]
+    >>> conf = confidence_of(''.join(pieces), pieces, lps, json_output=True)
+    >>> {k: round(v, 3) for k, v in conf.items()}
+    {'/a': 0.741, '/b': 0.951}
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from dgemma_struct.constraints.json_locate import value_offsets
+from dgemma_struct.results import GenerationResult
+
+if TYPE_CHECKING:
+    from dgemma_struct.repair.session import RepairSession
+
+__all__ = ["pointer", "leaf_spans", "token_spans", "field_token_logprobs", "confidence_of", "COMBINE",
+           "record_for_confidence", "attach_confidence"]
+
+_DECODER = json.JSONDecoder()
+
+
+def pointer(path: Sequence[Any]) -> str:
+    """The JSON Pointer (RFC 6901) of a path of keys and indices.
+
+    >>> pointer(("lines", 0, "a/b~c")), pointer(())
+    ('/lines/0/a~1b~0c', '')
+    """
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def leaf_spans(answer: str) -> dict[str, tuple[int, int]]:
+    """``pointer -> (start, end)`` characters of every leaf value of the JSON text ``answer``
+    (scalars and empty containers). A number's span takes the character after it too (the one that
+    ended it), when there is one.
+
+    >>> leaf_spans('{"a":[1,"b"],"c":{}}')
+    {'/a/0': (6, 8), '/a/1': (8, 11), '/c': (17, 19)}
+    """
+    out: dict[str, tuple[int, int]] = {}
+    for path, start in value_offsets(answer).items():
+        try:
+            value, end = _DECODER.raw_decode(answer, start)
+        except ValueError:
+            continue
+        if isinstance(value, (dict, list)) and value:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and end < len(answer):
+            end += 1
+        out[pointer(path)] = (start, end)
+    return out
+
+
+def token_spans(pieces: Sequence[str]) -> list[tuple[int, int]]:
+    """``(start, end)`` characters of each token of the concatenated ``pieces``.
+
+    >>> token_spans(["ab", "", "c"])
+    [(0, 2), (2, 2), (2, 3)]
+    """
+    out, pos = [], 0
+    for p in pieces:
+        out.append((pos, pos + len(p)))
+        pos += len(p)
+    return out
+
+
+def field_token_logprobs(text: str, pieces: Sequence[str], logprobs: Sequence[float], *, json_output: bool,
+                         skip: int = 0) -> dict[str, list[float]]:
+    """``pointer -> the logprobs of the tokens that wrote the value``. ``text``: the answer (what is
+    parsed), ``pieces``: the decoded tokens, whose concatenation is ``skip`` characters of thought
+    followed by ``text``; ``logprobs``: one per piece. ``json_output=False``: one field, ``""``, the
+    whole answer."""
+    spans = leaf_spans(text) if json_output else {"": (0, len(text))}
+    toks = token_spans(pieces)
+    out: dict[str, list[float]] = {}
+    for ptr, (s, e) in spans.items():
+        s, e = s + skip, e + skip
+        out[ptr] = [lp for (a, b), lp in zip(toks, logprobs) if a < e and b > s]
+    return out
+
+
+def _product(lps: list[float]) -> float:
+    return math.exp(sum(lps))
+
+
+def _minimum(lps: list[float]) -> float:
+    return math.exp(min(lps, default=0.0))
+
+
+def _geometric_mean(lps: list[float]) -> float:
+    return math.exp(sum(lps) / len(lps)) if lps else 1.0
+
+
+#: the ways of combining a value's token probabilities compared in benchmarks/calibration.py;
+#: ``"product"`` is the one shipped (docs/confidence.md)
+COMBINE: dict[str, Callable[[list[float]], float]] = {"product": _product, "min": _minimum,
+                                                      "geomean": _geometric_mean}
+
+
+def confidence_of(text: str, pieces: Sequence[str], logprobs: Sequence[float], *, json_output: bool,
+                  skip: int = 0, combine: str = "product") -> dict[str, float]:
+    """``pointer -> confidence in [0, 1]`` (see the module docstring); arguments as
+    :func:`field_token_logprobs`."""
+    how = COMBINE[combine]
+    fields = field_token_logprobs(text, pieces, logprobs, json_output=json_output, skip=skip)
+    return {ptr: min(1.0, max(0.0, how(lps))) for ptr, lps in fields.items()}
+
+
+def record_for_confidence(session: RepairSession) -> bool:
+    """Switches on the per-token recording a session needs for its confidence (``logprobs=0`` when
+    it asked for none). Returns True when it did, so :func:`attach_confidence` drops the entries
+    the caller did not ask for. Recording draws nothing: the output is the same with or without.
+
+    >>> from types import SimpleNamespace
+    >>> from dgemma_struct.options import GenerateOptions
+    >>> s = SimpleNamespace(opts=GenerateOptions(confidence=True))
+    >>> record_for_confidence(s), s.opts.logprobs
+    (True, 0)
+    """
+    o = session.opts
+    if not o.confidence or o.logprobs is not None:
+        return False
+    session.opts = o.with_overrides(logprobs=0)
+    return True
+
+
+def _pieces(tokenizer: Any, tokens: Sequence[int], full: str) -> list[str]:
+    """Each token's text, cut so that they add up to ``full`` (a byte-fallback token decodes alone
+    to U+FFFD: then each cut is where the decoded prefix ends)."""
+    pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+    if "".join(pieces) == full:
+        return pieces
+    ends = [len(tokenizer.decode(list(tokens[:k + 1]), skip_special_tokens=False)) for k in range(len(tokens))]
+    return [full[a:b] for a, b in zip([0] + ends[:-1], ends)]
+
+
+def attach_confidence(result: Any, session: RepairSession, *, drop_logprobs: bool = False) -> Any:
+    """``result`` (a :class:`~dgemma_struct.results.GenerationResult` of ``session``) with its
+    ``confidence`` filled when the session asked for it; anything else (a typed error) as it is.
+    ``drop_logprobs``: the entries were recorded only for this (:func:`record_for_confidence`)."""
+    if not isinstance(result, GenerationResult) or not session.opts.confidence or result.logprobs is None:
+        return result
+    tok = session.rt.tokenizer
+    full = tok.decode(result.token_ids, skip_special_tokens=False)
+    pieces = _pieces(tok, result.token_ids, full)
+    result.confidence = confidence_of(result.text, pieces, [e.logprob for e in result.logprobs],
+                                      json_output=session.c.schema is not None, skip=len(full) - len(result.text))
+    if drop_logprobs:
+        result.logprobs = None
+    return result
