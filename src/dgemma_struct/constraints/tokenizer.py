@@ -8,15 +8,15 @@ a JSON / regex / choice grammar. Slow (Python) tokenizers fall back to rebuildin
 vocabulary (byte-level BPE or SentencePiece pieces) with the same rule for special ids.
 
 The stop ids (EOS plus ``<turn|>`` / ``<end_of_turn>`` when present, or the runtime's
-``eos_token_id`` list) are passed as llguidance's EOS set, so any of them is accepted wherever EOS is.
-The scan is cached per tokenizer object (and per ``LLTokenizer`` object); a cache hit reads no
-vocabulary (the default stop ids are kept per tokenizer object too). :func:`vocab_scan` reads an
-``LLTokenizer``'s vocabulary once (special ids, closing tokens, single-byte tokens) when its info is
-built, for every info on it and for budget closing (``closing.closing_candidates``).
+``eos_token_id`` list) are llguidance's EOS set. The scan is cached per tokenizer object (and per
+``LLTokenizer``); a cache hit reads no vocabulary. :func:`vocab_scan` reads an ``LLTokenizer``'s
+vocabulary once (special ids, closing tokens, single-byte tokens) for every info on it and for budget
+closing. Text is encoded as text: added tokens' spellings (special or not) become ordinary pieces.
 """
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -40,16 +40,8 @@ TURN_END_TOKENS = ("<turn|>", "<end_of_turn>")
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode   # GPT-2's byte <-> character table
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 @dataclass(frozen=True)
@@ -64,15 +56,18 @@ class TokenizerInfo:
     hf_tokenizer: Any = field(default=None, compare=False, repr=False)  # for encoding text
 
     def tokenize(self, text: str) -> list[int]:
-        """Ids of ``text`` with special-token spellings (``"<eos>"``) encoded as ordinary text."""
+        """Ids of ``text`` with every added token's spelling (``"<eos>"``, an ordinary ``"<table>"``) as text."""
         hf = self.hf_tokenizer
-        if hf is not None:
-            try:
-                return list(hf.encode(text, add_special_tokens=False, split_special_tokens=True))
-            except TypeError:  # a tokenizer without split_special_tokens
-                return list(hf.encode(text, add_special_tokens=False))
-        with engine_guard("tokenizing a text"):
-            return self.lltok.tokenize_str(text, parse_special=False)
+        if hf is None:
+            with engine_guard("tokenizing a text"):
+                return self.lltok.tokenize_str(text, parse_special=False)
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is not None and _holds_added_token(hf, text):  # split_special_tokens splits special ones only
+            return _encode_without_added(backend, text)
+        try:
+            return list(hf.encode(text, add_special_tokens=False, split_special_tokens=True))
+        except TypeError:  # a tokenizer without split_special_tokens
+            return list(hf.encode(text, add_special_tokens=False))
 
     @property
     def eos_token_id(self) -> int:
@@ -82,6 +77,22 @@ class TokenizerInfo:
     def forbidden_token_ids(self) -> frozenset[int]:
         """Special ids that a mask must never allow (everything special except stop ids)."""
         return self.special_token_ids - frozenset(self.stop_token_ids)
+
+
+def _holds_added_token(hf_tokenizer: Any, text: str) -> bool:
+    """True when ``text`` spells the content of one of the tokenizer's added tokens (special or not)."""
+    facts = _per_object(hf_tokenizer)
+    if "added" not in facts:
+        contents = sorted(map(str, getattr(hf_tokenizer, "get_added_vocab", dict)()), key=len, reverse=True)
+        facts["added"] = re.compile("|".join(map(re.escape, contents))) if contents else None
+    return facts["added"] is not None and facts["added"].search(text) is not None
+
+
+def _encode_without_added(backend: Any, text: str) -> list[int]:
+    """Ids of ``text`` through the backend's normalizer, pre-tokenizer and model only (no added-token match)."""
+    norm = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+    pieces = backend.pre_tokenizer.pre_tokenize_str(norm) if backend.pre_tokenizer is not None else [(norm, None)]
+    return [t.id for piece, _ in pieces for t in backend.model.tokenize(piece)]
 
 
 def default_stop_token_ids(hf_tokenizer: Any) -> list[int]:
@@ -280,10 +291,7 @@ def vocab_scan(lltok: Any) -> VocabScan:
 
 
 def _is_fast(hf_tokenizer: Any) -> bool:
-    try:
-        from transformers import PreTrainedTokenizerFast
-    except ImportError:  # pragma: no cover
-        return False
+    from transformers import PreTrainedTokenizerFast
     return isinstance(hf_tokenizer, PreTrainedTokenizerFast)
 
 
