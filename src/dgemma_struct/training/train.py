@@ -38,6 +38,8 @@ from dgemma_struct.engine.model_config import (BOS_ID, PAD_ID, SPECIAL_TOKENS, S
                                         embedded_config)
 from dgemma_struct.training.corpus import make_corpus
 from dgemma_struct.training.generalise import make_generalise_corpus
+from dgemma_struct.training.recipe import (DiffusionRecipe, embedded_path, load_init, lr_at, mixed_corpus, pick_blocks,
+                                           self_condition_logits)
 
 CORPORA = {"default": make_corpus, "generalise": make_generalise_corpus}
 
@@ -99,39 +101,43 @@ def encode_example(tokenizer, ex: dict) -> tuple[list[int], list[int]]:
 
 
 def make_batch(encoded: list[tuple[list[int], list[int]]], canvas: int, vocab: int, gen: torch.Generator,
-               rng: random.Random):
-    """Left-padded full sequences plus, per row, the block to denoise and its corruption."""
-    B = len(encoded)
+               rng: random.Random, recipe: DiffusionRecipe | None = None):
+    """Left-padded full sequences plus, per row, the block(s) to denoise and their corruption
+    (``recipe.views`` > 1: ``clean``, ``noisy``, ``dec_mask``, ``dec_pos`` get a leading view axis)."""
+    recipe = recipe or DiffusionRecipe()
+    B, V = len(encoded), recipe.views
     seqs, ctx_lens, blocks = [], [], []
     for prompt, answer in encoded:
         n_blocks = math.ceil(len(answer) / canvas)
-        k = rng.randrange(n_blocks)
-        target = (answer + [PAD_ID] * (n_blocks * canvas - len(answer)))[k * canvas:(k + 1) * canvas]
+        padded = answer + [PAD_ID] * (n_blocks * canvas - len(answer))
+        ks = pick_blocks(n_blocks, V, rng)
         seqs.append(prompt + answer)
-        ctx_lens.append(len(prompt) + k * canvas)
-        blocks.append(target)
+        ctx_lens.append([len(prompt) + k * canvas for k in ks])
+        blocks.append([padded[k * canvas:(k + 1) * canvas] for k in ks])
     T = max(len(s) for s in seqs)
     ids = torch.full((B, T), PAD_ID, dtype=torch.long)
     attn = torch.zeros((B, T), dtype=torch.bool)
     ar_labels = torch.full((B, T), -100, dtype=torch.long)
-    ctx_end = torch.zeros(B, dtype=torch.long)
-    for i, ((prompt, answer), s, c) in enumerate(zip(encoded, seqs, ctx_lens)):
+    ctx_end = torch.zeros(V, B, dtype=torch.long)
+    for i, ((prompt, answer), s, cs) in enumerate(zip(encoded, seqs, ctx_lens)):
         off = T - len(s)
         ids[i, off:] = torch.tensor(s)
         attn[i, off:] = True
         # label at position j predicts token j+1: answer tokens only
         ar_labels[i, off + len(prompt) - 1:T - 1] = torch.tensor(answer)
-        ctx_end[i] = off + c
-    clean = torch.tensor(blocks, dtype=torch.long)
-    t = torch.rand(B, 1, generator=gen).clamp_min(0.02)
-    noise_mask = torch.rand(B, canvas, generator=gen) < t
-    noisy = torch.where(noise_mask, torch.randint(0, vocab, (B, canvas), generator=gen), clean)
+        ctx_end[:, i] = off + torch.tensor(cs)
+    clean = torch.tensor(blocks, dtype=torch.long).transpose(0, 1)  # [V, B, L]
+    t = torch.cat([recipe.draw_t(B, gen) for _ in range(V)]).view(V, B, 1)
+    noise_mask = torch.rand(V * B, canvas, generator=gen).view(V, B, canvas) < t
+    noisy = torch.where(noise_mask, torch.randint(0, vocab, (V * B, canvas), generator=gen).view(V, B, canvas), clean)
     # the decoder may only see the cache up to each row's context end
-    cache_visible = attn & (torch.arange(T)[None, :] < ctx_end[:, None])
-    dec_mask = torch.cat([cache_visible, torch.ones(B, canvas, dtype=torch.bool)], dim=1)
-    dec_pos = ctx_end[:, None] + torch.arange(canvas)[None, :]
-    return dict(ids=ids, attn=attn, ar_labels=ar_labels, clean=clean, noisy=noisy, dec_mask=dec_mask,
-                dec_pos=dec_pos)
+    cache_visible = attn[None] & (torch.arange(T)[None, None, :] < ctx_end[..., None])
+    dec_mask = torch.cat([cache_visible, torch.ones(V, B, canvas, dtype=torch.bool)], dim=2)
+    dec_pos = ctx_end[..., None] + torch.arange(canvas)[None, None, :]
+    views = dict(clean=clean, noisy=noisy, dec_mask=dec_mask, dec_pos=dec_pos)
+    if V == 1:
+        views = {k: v[0] for k, v in views.items()}
+    return dict(ids=ids, attn=attn, ar_labels=ar_labels, **views)
 
 
 def softcapped_logits(model, hidden: torch.Tensor) -> torch.Tensor:
@@ -147,28 +153,38 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def loss_on_batch(model, batch: dict, self_condition: bool):
+def loss_on_batch(model, batch: dict, self_condition: bool, recipe: DiffusionRecipe | None = None,
+                  gen: torch.Generator | None = None):
+    """(diffusion loss averaged over the batch's views, AR loss) of one encoder pass."""
     from transformers import DynamicCache
 
+    recipe = recipe or DiffusionRecipe()
     cache = DynamicCache(config=model.config.get_text_config(decoder=True))
     enc = model.model.encoder(input_ids=batch["ids"], attention_mask=batch["attn"], past_key_values=cache)
     ar_logits = softcapped_logits(model, enc.last_hidden_state)
     ar_loss = F.cross_entropy(ar_logits.flatten(0, 1), batch["ar_labels"].flatten(), ignore_index=-100)
-    kwargs = dict(past_key_values=enc.past_key_values, decoder_input_ids=batch["noisy"],
-                  decoder_attention_mask=batch["dec_mask"], decoder_position_ids=batch["dec_pos"])
-    sc = None
-    if self_condition:
-        with torch.no_grad():
-            sc = model(**kwargs).logits.detach()
-    logits = model(**kwargs, self_conditioning_logits=sc).logits
-    diff_loss = F.cross_entropy(logits.flatten(0, 1), batch["clean"].flatten())
-    return diff_loss, ar_loss
+    stacked = batch["clean"].dim() == 3
+    losses = []
+    for v in range(batch["clean"].shape[0] if stacked else 1):
+        view = {k: batch[k][v] if stacked else batch[k] for k in ("clean", "noisy", "dec_mask", "dec_pos")}
+        kwargs = dict(past_key_values=enc.past_key_values, decoder_input_ids=view["noisy"],
+                      decoder_attention_mask=view["dec_mask"], decoder_position_ids=view["dec_pos"])
+        sc = None
+        if self_condition:
+            sc = self_condition_logits(model, kwargs, view["noisy"], recipe, model.config.text_config.vocab_size,
+                                       gen if gen is not None else torch.Generator().manual_seed(0))
+        logits = model(**kwargs, self_conditioning_logits=sc).logits
+        losses.append(F.cross_entropy(logits.flatten(0, 1), view["clean"].flatten()))
+    return torch.stack(losses).mean(), ar_loss
 
 
 def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None = None, batch_size: int = 24,
           lr: float = 2e-3, seed: int = 0, corpus_size: int = 60_000, vocab_size: int = 2048,
           threads: int = 2, log_every: int = 25, resume: bool = False, device: str | torch.device = "auto",
-          dtype: str | torch.dtype | None = "auto", corpus: str = "default") -> dict:
+          dtype: str | torch.dtype | None = "auto", corpus: str = "default", init_from: str | Path | None = None,
+          mix: float = 0.0, warmup: int = 150, lr_floor: float = 0.1, checkpoint_every: int = 250,
+          keep_checkpoints: bool = False, diffusion_views: int = 1, diffusion_weight: float = 1.0,
+          t_dist: str = "uniform", self_condition: float = 0.5, sc_like_inference: bool = False) -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
 
@@ -185,12 +201,22 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     checkpoint was trained on) or ``"generalise"``
     (:func:`~dgemma_struct.training.generalise.make_generalise_corpus`: random schemas, many
     layouts and phrasings, held-out families and templates left out). Weights are saved in
-    safetensors shards under 16 MiB, the training state in parts under 16 MiB."""
+    safetensors shards under 16 MiB, the training state in parts under 16 MiB.
+
+    Fine-tuning (:mod:`~dgemma_struct.training.recipe`): ``init_from`` a checkpoint directory (or
+    ``"embedded"``, the shipped one) starts from its weights and tokenizer; ``mix`` is the share of
+    the corpus drawn from the original one; the learning rate warms up over ``warmup`` steps, then
+    decays by a cosine to ``lr_floor * lr``; a checkpoint every ``checkpoint_every`` steps (with
+    ``keep_checkpoints`` also the model alone in ``step_NNNNN/``). The diffusion objective:
+    ``diffusion_views``, ``diffusion_weight``, ``t_dist``, ``self_condition``, ``sc_like_inference``
+    (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`)."""
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     from dgemma_struct.errors import InvalidRequestError, ModelLoadError
     from dgemma_struct.runtime import resolve_device, resolve_dtype
 
+    recipe = DiffusionRecipe(views=diffusion_views, weight=diffusion_weight, t_dist=t_dist,
+                             self_condition=self_condition, sc_like_inference=sc_like_inference)
     if corpus not in CORPORA:
         raise InvalidRequestError(f"corpus must be one of {sorted(CORPORA)}, got {corpus!r}")
     dev = resolve_device(device)
@@ -208,13 +234,16 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     gen = torch.Generator().manual_seed(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    corpus_name, corpus = corpus, CORPORA[corpus](corpus_size, seed=seed)
+    if init_from is not None and not resume:
+        init_from = embedded_path() if str(init_from) == "embedded" else Path(init_from)
+        tokenizer, model = load_init(init_from)
+    corpus_name, corpus = corpus, mixed_corpus(CORPORA, corpus, corpus_size, seed, mix)
     log: list[dict] = []
     if resume:
         tokenizer = AutoTokenizer.from_pretrained(out_dir)
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(out_dir)
         log = json.loads((out_dir / "training_log.json").read_text())
-    else:
+    elif init_from is None:
         tokenizer = build_tokenizer(tokenizer_texts(corpus), vocab_size)
         model = DiffusionGemmaForBlockDiffusion(embedded_config(len(tokenizer)))
     config = model.config
@@ -237,7 +266,6 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
         rng.setstate(state["rng"])
         gen.set_state(state["gen"])
         torch.set_rng_state(state["torch_rng"])
-    warmup = 150
     start = time.time()
     step_budget = max_steps if max_steps is not None else 10**9
     bar = tqdm(total=max_steps, initial=step, desc="train", unit="step", mininterval=5)
@@ -253,16 +281,19 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
         elapsed = time.time() - start
         if elapsed > minutes * 60:
             break
-        frac = min(1.0, step / max_steps if max_steps is not None else elapsed / (minutes * 60))
-        cur_lr = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        if max_steps is not None:
+            cur_lr = lr_at(step, max_steps, lr=lr, warmup=warmup, floor=lr_floor)
+        else:
+            cur_lr = lr_at(step, step * minutes * 60 / max(elapsed, 1e-9), lr=lr, warmup=warmup, floor=lr_floor)
         for g in opt.param_groups:
             g["lr"] = cur_lr
         group = groups[0] if rng.random() < len(groups[0]) / len(encoded) else groups[1]
         batch = make_batch([encoded[group[rng.randrange(len(group))]] for _ in range(batch_size)],
-                           config.canvas_length, config.text_config.vocab_size, gen, rng)
+                           config.canvas_length, config.text_config.vocab_size, gen, rng, recipe)
         with torch.autocast(dev.type, dtype=amp, enabled=amp != torch.float32):
-            diff_loss, ar_loss = loss_on_batch(model, to_device(batch, dev), self_condition=rng.random() < 0.5)
-        loss = diff_loss + ar_loss
+            diff_loss, ar_loss = loss_on_batch(model, to_device(batch, dev), rng.random() < recipe.self_condition,
+                                               recipe, gen)
+        loss = recipe.weight * diff_loss + ar_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -275,8 +306,10 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
             log.append(rec)
             bar.set_postfix(diff=rec["diffusion_loss"], ar=rec["ar_loss"])
             (out_dir / "training_log.json").write_text(json.dumps(log))
-        if step % 250 == 0:
+        if step % checkpoint_every == 0:
             checkpoint()
+            if keep_checkpoints:
+                save(model, tokenizer, out_dir / f"step_{step:05d}")
     bar.close()
     model.eval()
     checkpoint()
@@ -285,7 +318,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
             "seed": seed, "corpus": corpus_name, "corpus_size": corpus_size, "vocab_size": len(tokenizer), "parameters": n_params,
             "canvas_length": config.canvas_length, "threads": threads, "device": str(dev),
             "autocast": None if amp == torch.float32 else str(amp).removeprefix("torch."),
-            "schedule": "steps" if max_steps is not None else "wall-time"}
+            "schedule": "steps" if max_steps is not None else "wall-time", "init_from": str(init_from or "") or None,
+            "mix": mix, "warmup": warmup, "lr_floor": lr_floor, "diffusion": recipe.as_dict()}
     (out_dir / "training_meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 

@@ -1,0 +1,160 @@
+"""The fine-tuning recipe of :func:`~dgemma_struct.training.train.train`: the learning-rate schedule,
+the corpus mix, the start checkpoint, and the diffusion objective's knobs.
+
+Why the diffusion decoder learns the copy skill slower than the AR head (issue #33): one encoder
+pass gives the AR loss on every answer token, but the decoder sees one 32-token block of the
+answer at one noise rate, so it gets a fraction of the signal per batch; half of that signal is at
+low noise, where a block is mostly clean and neighbours give the answer away, while inference
+starts from an all-random canvas and commits its first tokens at the highest noise; and its
+self-conditioning logits are raw, while inference feeds back logits divided by a temperature of
+0.3-0.8 computed on the previous, noisier canvas. :class:`DiffusionRecipe` holds the knobs that
+address each: several blocks (views) per encoder pass, a loss weight, noise rates drawn towards
+1, and self-conditioning as inference does it.
+
+    >>> lr_at(0, 100, lr=1e-3, warmup=10, floor=0.1)
+    0.0001
+    >>> round(lr_at(100, 100, lr=1e-3, warmup=10, floor=0.1), 6)
+    0.0001
+    >>> DiffusionRecipe(t_dist="high").draw_t(4, __import__("torch").Generator().manual_seed(0)).shape
+    torch.Size([4, 1])
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+T_DISTS = ("uniform", "high")
+
+
+def lr_at(step: float, total: float, *, lr: float, warmup: int, floor: float) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay from ``lr`` to ``floor * lr`` at ``total``.
+
+    >>> lr_at(50, 100, lr=1.0, warmup=0, floor=0.0)
+    0.5
+    """
+    frac = min(1.0, max(0.0, step / total)) if total > 0 else 0.0
+    warm = min(1.0, (step + 1) / warmup) if warmup else 1.0
+    return lr * warm * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+@dataclass(frozen=True)
+class DiffusionRecipe:
+    """Knobs of the diffusion objective (defaults: the objective the shipped checkpoint was trained with).
+
+    ``views``: blocks denoised per encoder pass (different blocks of the answer when it has several,
+    each with its own noise); ``weight``: the diffusion loss's weight against the AR loss;
+    ``t_dist``: ``"uniform"`` (t ~ U(0.02, 1)) or ``"high"`` (density rising linearly towards 1,
+    where inference commits its first tokens); ``self_condition``: probability of a self-conditioned
+    batch; ``sc_like_inference``: the self-conditioning logits come from a noisier canvas (the
+    previous step's) and are divided by a temperature drawn from ``sc_temperature``, as the sampler does.
+
+    >>> DiffusionRecipe().views
+    1
+    """
+
+    views: int = 1
+    weight: float = 1.0
+    t_dist: str = "uniform"
+    self_condition: float = 0.5
+    sc_like_inference: bool = False
+    sc_temperature: tuple[float, float] = (0.3, 0.8)
+
+    def __post_init__(self) -> None:
+        from dgemma_struct.errors import InvalidRequestError
+
+        if self.t_dist not in T_DISTS:
+            raise InvalidRequestError(f"t_dist must be one of {T_DISTS}, got {self.t_dist!r}")
+        if self.views < 1 or self.weight <= 0 or not 0 <= self.self_condition <= 1:
+            raise InvalidRequestError("diffusion_views must be >= 1, diffusion_weight > 0, self_condition in [0, 1]")
+
+    def draw_t(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        """``n`` noise rates, shape ``[n, 1]``."""
+        u = torch.rand(n, 1, generator=gen)
+        if self.t_dist == "high":
+            return 0.02 + 0.98 * u.sqrt()
+        return u.clamp_min(0.02)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The recipe as JSON-able settings (for the training meta).
+
+        >>> DiffusionRecipe().as_dict()["t_dist"]
+        'uniform'
+        """
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def pick_blocks(n_blocks: int, views: int, rng: random.Random) -> list[int]:
+    """``views`` block indices: distinct while the answer has enough blocks, then drawn again.
+
+    >>> pick_blocks(1, 3, random.Random(0))
+    [0, 0, 0]
+    """
+    if views == 1:
+        return [rng.randrange(n_blocks)]
+    first = rng.sample(range(n_blocks), min(views, n_blocks))
+    return first + [rng.randrange(n_blocks) for _ in range(views - len(first))]
+
+
+def self_condition_logits(model, kwargs: dict, noisy: torch.Tensor, recipe: DiffusionRecipe, vocab: int,
+                          gen: torch.Generator) -> torch.Tensor:
+    """The self-conditioning logits of one view (no gradient): the model's logits on this canvas
+    or, with ``sc_like_inference``, on a noisier one, divided by a sampling temperature."""
+    with torch.no_grad():
+        canvas = noisy
+        if recipe.sc_like_inference:
+            more = torch.rand(noisy.shape, generator=gen).to(noisy.device) < 0.25
+            canvas = torch.where(more, torch.randint(0, vocab, noisy.shape, generator=gen).to(noisy.device), noisy)
+        logits = model(**{**kwargs, "decoder_input_ids": canvas}).logits.detach()
+        if recipe.sc_like_inference:
+            lo, hi = recipe.sc_temperature
+            temp = lo + (hi - lo) * torch.rand(noisy.shape[0], 1, 1, generator=gen).to(logits.device)
+            logits = logits / temp
+    return logits
+
+
+def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, mix: float) -> list[dict]:
+    """``size`` examples of corpus ``name``; with ``mix`` > 0 that share of them is the original
+    corpus (``makers["default"]``: families, tool calls, short answers, thinking), shuffled in.
+
+    >>> from dgemma_struct.training.corpus import make_corpus
+    >>> len(mixed_corpus({"default": make_corpus}, "default", 10, 0, 0.5))
+    10
+    """
+    from dgemma_struct.errors import InvalidRequestError
+
+    if not 0 <= mix < 1:
+        raise InvalidRequestError(f"mix must be in [0, 1), got {mix!r}")
+    n_orig = round(size * mix)
+    out = makers[name](size - n_orig, seed=seed)
+    if n_orig:
+        out = out + makers["default"](n_orig, seed=seed + 1)
+        random.Random(seed).shuffle(out)
+    return out
+
+
+def load_init(path: str | Path):
+    """(tokenizer, model) of the checkpoint to fine-tune; a typed error when it is not one."""
+    from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    from dgemma_struct.errors import ModelLoadError
+
+    path = Path(path)
+    if not (path / "config.json").exists():
+        raise ModelLoadError(f"init_from: {str(path)!r} holds no checkpoint (config.json)")
+    return AutoTokenizer.from_pretrained(path), DiffusionGemmaForBlockDiffusion.from_pretrained(path)
+
+
+def embedded_path() -> Path:
+    """Where the shipped checkpoint lives (``init_from="embedded"`` means this).
+
+    >>> (embedded_path() / "config.json").exists()
+    True
+    """
+    import dgemma_struct.embedded as emb
+
+    return Path(emb.__file__).parent

@@ -1,0 +1,64 @@
+"""Fine-tuning from a checkpoint (issue #33): start checkpoint, corpus mix, schedule, diffusion recipe, resume."""
+import json
+import random
+
+import pytest
+import torch
+
+from dgemma_struct.errors import InvalidRequestError, ModelLoadError
+from dgemma_struct.training import train as train_mod
+from dgemma_struct.training.recipe import DiffusionRecipe, embedded_path, load_init, lr_at, mixed_corpus
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    lrs = [lr_at(s, 100, lr=1e-3, warmup=10, floor=0.1) for s in range(101)]
+    assert lrs[0] == pytest.approx(1e-4) and max(lrs) == pytest.approx(lrs[9])
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lrs[-1] == pytest.approx(1e-4)
+
+
+def test_views_are_blocks_of_the_answer_with_their_own_context():
+    tok, _ = load_init(embedded_path())
+    from dgemma_struct.training.generalise import make_generalise_corpus
+
+    encoded = [train_mod.encode_example(tok, e) for e in make_generalise_corpus(6, seed=3)]
+    recipe = DiffusionRecipe(views=3, t_dist="high")
+    b = train_mod.make_batch(encoded, 32, 2048, torch.Generator().manual_seed(0), random.Random(0), recipe)
+    assert b["clean"].shape == b["noisy"].shape == b["dec_pos"].shape == (3, 6, 32)
+    T = b["ids"].shape[1]
+    for v in range(3):
+        for i, (prompt, answer) in enumerate(encoded):
+            off = T - len(prompt) - len(answer)
+            start = int(b["dec_pos"][v, i, 0]) - off - len(prompt)  # where this view's block begins in the answer
+            assert start % 32 == 0
+            want = (answer + [0] * 32)[start:start + 32]
+            assert b["clean"][v, i].tolist() == want
+            # the decoder sees the prompt and the answer before the block, nothing after
+            assert int(b["dec_mask"][v, i, :T].sum()) == len(prompt) + start
+    one = train_mod.make_batch(encoded, 32, 2048, torch.Generator().manual_seed(0), random.Random(0))
+    assert one["clean"].shape == (6, 32)
+
+
+def test_bad_recipe_and_start_checkpoint_are_typed_errors(tmp_path):
+    with pytest.raises(InvalidRequestError, match="t_dist"):
+        DiffusionRecipe(t_dist="cosine")
+    with pytest.raises(InvalidRequestError, match="mix"):
+        mixed_corpus({}, "default", 10, 0, 1.5)
+    with pytest.raises(ModelLoadError, match="no checkpoint"):
+        train_mod.train(tmp_path / "o", init_from=tmp_path, max_steps=1, corpus_size=20, device="cpu", threads=1)
+
+
+def test_fine_tune_from_the_shipped_checkpoint_keeps_snapshots_and_resumes(tmp_path):
+    kw = dict(init_from="embedded", corpus="generalise", corpus_size=60, mix=0.5, batch_size=2, threads=1,
+              device="cpu", log_every=1, checkpoint_every=1, keep_checkpoints=True, warmup=1,
+              diffusion_views=2, t_dist="high", sc_like_inference=True, self_condition=1.0, diffusion_weight=2.0)
+    meta = train_mod.train(tmp_path, max_steps=1, **kw)
+    assert meta["steps"] == 1 and meta["init_from"].endswith("embedded") and meta["vocab_size"] == 2048
+    assert meta["diffusion"]["views"] == 2 and meta["mix"] == 0.5
+    assert (tmp_path / "step_00001" / "config.json").exists()
+    shipped = json.loads((embedded_path() / "tokenizer.json").read_text())["model"]["vocab"]
+    assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["vocab"] == shipped
+    meta = train_mod.train(tmp_path, max_steps=2, resume=True, **kw)
+    log = json.loads((tmp_path / "training_log.json").read_text())
+    assert meta["steps"] == 2 and [r["step"] for r in log] == [1, 2]
+    assert all(torch.isfinite(torch.tensor([r["diffusion_loss"], r["ar_loss"]])).all() for r in log)
