@@ -35,9 +35,14 @@ masked AR sampling at temperature 1 produces each option, renormalised over the 
 (exactly that when every tokenization the grammar allows is the listed one; other tokenizations
 of the same strings are not counted).
 
-Errors (all before any forward pass): an empty list, a non-string or empty option, a duplicate
-option, or an option whose tokens plus a stop token the grammar does not accept (the tokenizer
-cannot end it) raise :class:`~dgemma_struct.errors.ChoiceError`.
+Memory: the rows run in chunks sized so one forward stays within :data:`CHUNK_BYTES` (256 MiB;
+:func:`rows_per_forward`), only the scored position of a row gets logits, and the grammar masks stay
+packed, so the extra memory of a call is bounded whatever the number of options; a list is capped
+at :data:`MAX_OPTIONS` (4,096). A short list is one chunk: one encoder and one decoder pass per canvas.
+
+Errors (all before any forward pass): an empty list, more than :data:`MAX_OPTIONS` options, a
+non-string or empty option, a duplicate option, or an option whose tokens plus a stop token the
+grammar does not accept (the tokenizer cannot end it) raise :class:`~dgemma_struct.errors.ChoiceError`.
 
 Example::
 
@@ -57,17 +62,23 @@ import numpy as np
 import torch
 
 from dgemma_struct.constraints import Choice, Constraint
-from dgemma_struct.constraints.walker import bitmask_to_bool
+from dgemma_struct.constraints.bitmask_np import bitmask_to_bool
 from dgemma_struct.errors import ChoiceError, InvalidRequestError
 from dgemma_struct.engine.forward import encode, softcapped_logits
 from dgemma_struct.prompts import Prompt
 from dgemma_struct.repair.preparation import constraint_for, resolve_runtime
 from dgemma_struct.runtime import DiffusionRuntime
 
-__all__ = ["ESTIMATORS", "ChoiceScores", "OptionPath", "option_paths", "noise_token", "stop_ids_of",
-           "path_scores", "score_choices", "choice_probabilities"]
+__all__ = ["ESTIMATORS", "MAX_OPTIONS", "CHUNK_BYTES", "ChoiceScores", "OptionPath", "option_paths", "noise_token",
+           "stop_ids_of", "rows_per_forward", "path_scores", "score_choices", "choice_probabilities"]
 
 ESTIMATORS = ("canvas", "ar")
+#: the most options one call scores (more is a :class:`ChoiceError`): each option costs one model
+#: row per token (canvas) or a sequence (AR), so the work grows with the list
+MAX_OPTIONS = 4096
+#: the memory one scoring forward may take for its rows; longer lists run in chunks of rows
+#: (:func:`rows_per_forward`), so a call's extra memory stays bounded whatever the option count
+CHUNK_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -90,11 +101,19 @@ class ChoiceScores:
 @dataclass(frozen=True)
 class OptionPath:
     """One option as the grammar walks it: ``tokens`` (the option's, then one stop token) and the
-    allowed-token mask at each of them (``allowed``: bool ``[len(tokens), V]``)."""
+    allowed-token mask at each of them, kept packed (``bitmask``: int32 ``[len(tokens), ceil(V/32)]``,
+    32 times smaller than bools: 2,000 options of the real 262,144-token vocabulary stay in MBs);
+    ``allowed`` unpacks it (bool ``[len(tokens), V]``)."""
 
     option: str
     tokens: tuple[int, ...]
-    allowed: torch.Tensor
+    bitmask: np.ndarray
+    vocab_size: int
+
+    @property
+    def allowed(self) -> torch.Tensor:
+        """The allowed-token mask at each position, bool ``[len(tokens), V]``."""
+        return torch.from_numpy(bitmask_to_bool(self.bitmask, self.vocab_size))
 
 
 def _check_options(choices: Sequence[str]) -> list[str]:
@@ -103,6 +122,9 @@ def _check_options(choices: Sequence[str]) -> list[str]:
     options = list(choices)
     if not options:
         raise ChoiceError("choice list is empty")
+    if len(options) > MAX_OPTIONS:
+        raise ChoiceError(f"{len(options)} options: scoring takes at most {MAX_OPTIONS} (each option costs a model "
+                          f"row per token; split the list or narrow it first)")
     for c in options:
         if not isinstance(c, str) or not c:
             raise ChoiceError(f"choices must be non-empty strings; got {c!r}")
@@ -127,21 +149,21 @@ def option_paths(constraint: Constraint, options: Sequence[str], stop_token: int
         if not res.stopped or res.n_valid != len(toks):
             raise ChoiceError(f"option {option!r} cannot be ended: its tokens {toks[:-1]} followed by a stop "
                               f"token are not a complete output of the choice grammar")
-        allowed = torch.from_numpy(bitmask_to_bool(np.array(res.bitmasks[:len(toks)]), V))
-        paths.append(OptionPath(option, tuple(toks), allowed))
+        paths.append(OptionPath(option, tuple(toks), np.array(res.bitmasks[:len(toks)], dtype=np.int32), V))
     return paths
 
 
-def _path_logprob(logits: torch.Tensor, path: OptionPath, stops: torch.Tensor) -> float:
-    """Sum over the path of the masked log-softmax of its tokens (``logits``: ``[len(path), V']``);
-    at the stop position the masked probability of any stop token."""
-    V = path.allowed.shape[1]
-    lg = logits[:, :V].float().masked_fill(~path.allowed.to(logits.device), float("-inf"))
+def _position_logprobs(logits: torch.Tensor, masks: np.ndarray, targets: Sequence[int], at_stop: Sequence[bool],
+                       stops: torch.Tensor, V: int) -> list[float]:
+    """Row ``r``: the masked log-softmax of ``logits[r]`` (``masks[r]``: packed allowed set) at
+    ``targets[r]``, or, where ``at_stop[r]``, the masked probability of any stop token."""
+    lg = logits[:, :V].float().masked_fill(~torch.from_numpy(bitmask_to_bool(masks, V)).to(logits.device),
+                                           float("-inf"))
     logp = torch.log_softmax(lg, dim=-1)
     dev = logp.device
-    body = logp[torch.arange(len(path.tokens) - 1, device=dev),
-                torch.tensor(path.tokens[:-1], dtype=torch.long, device=dev)].sum()
-    return float(body + torch.logsumexp(logp[-1, stops.to(dev)], dim=0))
+    tok = logp.gather(1, torch.tensor(list(targets), dtype=torch.long, device=dev)[:, None])[:, 0]
+    end = torch.logsumexp(logp[:, stops.to(dev)], dim=-1)
+    return torch.where(torch.tensor(list(at_stop), device=dev), end, tok).tolist()
 
 
 def noise_token(rt: DiffusionRuntime, path: OptionPath) -> int:
@@ -152,6 +174,30 @@ def noise_token(rt: DiffusionRuntime, path: OptionPath) -> int:
     return next(t for t in range(V - 1, -1, -1) if t not in used)
 
 
+def rows_per_forward(rt: DiffusionRuntime, context: int, width: int) -> int:
+    """How many rows one scoring forward takes so that it stays within :data:`CHUNK_BYTES`: a
+    row's key/value cache over ``context + width`` tokens, its activations and attention scores over
+    ``width`` tokens, and one position's logits (with the log-softmax and the mask).
+
+    >>> from dgemma_struct.testing import tiny_runtime
+    >>> rows_per_forward(tiny_runtime(corpus_size=60), 40, 16) >= 1
+    True
+    """
+    c = rt.model.config.text_config
+    elt = torch.empty((), dtype=rt.model.dtype).element_size()
+    layers = getattr(c, "num_hidden_layers", 1)
+    heads = getattr(c, "num_attention_heads", 1)
+    kv = getattr(c, "num_key_value_heads", heads) * (getattr(c, "head_dim", None) or c.hidden_size // heads)
+    wide = max(c.hidden_size, getattr(c, "intermediate_size", 0) or 0)
+    per_row = (elt * (2 * layers * kv * (context + width) + 6 * width * wide)
+               + 4 * heads * width * (context + width) + 4 * 4 * c.vocab_size)
+    return max(1, CHUNK_BYTES // per_row)
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
 @torch.no_grad()
 def _canvas_scores(rt: DiffusionRuntime, prompt_ids: list[int], paths: Sequence[OptionPath],
                    stops: torch.Tensor) -> tuple[list[float], int]:
@@ -159,42 +205,54 @@ def _canvas_scores(rt: DiffusionRuntime, prompt_ids: list[int], paths: Sequence[
 
     model, device = rt.model, rt.model.device
     L = model.config.canvas_length
+    V = paths[0].vocab_size
     pad = rt.pad_token_id if rt.pad_token_id is not None else 0
     noises = [noise_token(rt, p) for p in paths]
-    T = len(prompt_ids)
-    rows_logits: list[list[torch.Tensor]] = [[] for _ in paths]
+    totals = [0.0] * len(paths)
     passes = 0
-    for k in range(-(-max(len(p.tokens) for p in paths) // L)):   # one decoder pass per canvas
+    for k in range(-(-max(len(p.tokens) for p in paths) // L)):   # the canvases, one after the other
         live = [j for j, p in enumerate(paths) if len(p.tokens) > k * L]
-        # the rows: one per (option, position of its path in this canvas), that position renoised
+        # the rows: one per (option, position of its path in this canvas), that position renoised;
+        # run in chunks of bounded memory, each one encoder pass (its contexts) and one decoder pass
         rows = [(j, i) for j in live for i in range(min(L, len(paths[j].tokens) - k * L))]
-        # each context (the prompt, plus the option's earlier canvases) is encoded once, then its
-        # cache rows are repeated for the rows that read it
-        owners = [0] if k == 0 else live
-        ctx = torch.tensor([prompt_ids + list(paths[j].tokens[:k * L]) for j in owners], dtype=torch.long,
-                           device=device)
-        index = torch.tensor([0 if k == 0 else live.index(j) for j, _ in rows], dtype=torch.long, device=device)
-        canvas = torch.full((len(rows), L), pad, dtype=torch.long, device=device)
-        for r, (j, i) in enumerate(rows):
-            chunk = paths[j].tokens[k * L:(k + 1) * L]
-            canvas[r, :len(chunk)] = torch.tensor(chunk, dtype=torch.long)
-            canvas[r, i] = noises[j]
-        C = ctx.shape[1]
-        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
-        attn = torch.ones(ctx.shape, dtype=torch.bool, device=device)
-        cache = encode(model, ctx, attn, cache, torch.arange(C, dtype=torch.int32, device=device)[None]).past_key_values
-        cache.batch_select_indices(index)
-        dec_attn = torch.ones((len(rows), C + L), dtype=torch.bool, device=device)
-        masks = model.model.decoder.create_diffusion_decoder_attention_mask(
-            config=model.config, inputs_embeds=canvas.unsqueeze(-1), past_key_values=cache,
-            decoder_attention_mask=dec_attn)
-        logits = model(decoder_input_ids=canvas, self_conditioning_logits=None, decoder_attention_mask=masks,
-                       past_key_values=cache,
-                       decoder_position_ids=torch.arange(C, C + L, dtype=torch.int32, device=device)[None]).logits
-        passes += 2
-        for r, (j, i) in enumerate(rows):
-            rows_logits[j].append(logits[r, i])
-    return [_path_logprob(torch.stack(rows_logits[j]), p, stops) for j, p in enumerate(paths)], passes
+        C = len(prompt_ids) + k * L
+        for chunk in _chunks(rows, rows_per_forward(rt, C, L)):
+            # each context (the prompt, plus the option's earlier canvases) is encoded once, then its
+            # cache rows are repeated for the rows that read it
+            owners = [0] if k == 0 else list(dict.fromkeys(j for j, _ in chunk))
+            ctx = torch.tensor([prompt_ids + list(paths[j].tokens[:k * L]) for j in owners], dtype=torch.long,
+                               device=device)
+            index = torch.tensor([0 if k == 0 else owners.index(j) for j, _ in chunk], dtype=torch.long,
+                                 device=device)
+            canvas = torch.full((len(chunk), L), pad, dtype=torch.long, device=device)
+            for r, (j, i) in enumerate(chunk):
+                part = paths[j].tokens[k * L:(k + 1) * L]
+                canvas[r, :len(part)] = torch.tensor(part, dtype=torch.long)
+                canvas[r, i] = noises[j]
+            cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+            attn = torch.ones(ctx.shape, dtype=torch.bool, device=device)
+            cache = encode(model, ctx, attn, cache,
+                           torch.arange(C, dtype=torch.int32, device=device)[None]).past_key_values
+            cache.batch_select_indices(index)
+            dec_attn = torch.ones((len(chunk), C + L), dtype=torch.bool, device=device)
+            masks = model.model.decoder.create_diffusion_decoder_attention_mask(
+                config=model.config, inputs_embeds=canvas.unsqueeze(-1), past_key_values=cache,
+                decoder_attention_mask=dec_attn)
+            hidden = model.model(decoder_input_ids=canvas, self_conditioning_logits=None, decoder_attention_mask=masks,
+                                 past_key_values=cache,
+                                 decoder_position_ids=torch.arange(C, C + L, dtype=torch.int32, device=device)[None]
+                                 ).last_hidden_state
+            passes += 2
+            at = torch.tensor([i for _, i in chunk], dtype=torch.long, device=device)
+            # only the renoised position of each row is read: its logits alone are computed
+            logits = softcapped_logits(model, hidden[torch.arange(len(chunk), device=device), at])
+            pos = [k * L + i for j, i in chunk]
+            got = _position_logprobs(logits, np.stack([paths[j].bitmask[p] for (j, _), p in zip(chunk, pos)]),
+                                     [paths[j].tokens[p] for (j, _), p in zip(chunk, pos)],
+                                     [p == len(paths[j].tokens) - 1 for (j, _), p in zip(chunk, pos)], stops, V)
+            for (j, _), x in zip(chunk, got):
+                totals[j] += x
+    return totals, passes
 
 
 @torch.no_grad()
@@ -204,23 +262,28 @@ def _ar_scores(rt: DiffusionRuntime, prompt_ids: list[int], paths: Sequence[Opti
 
     model, device = rt.model, rt.model.device
     pad = rt.pad_token_id if rt.pad_token_id is not None else 0
+    V = paths[0].vocab_size
     T = len(prompt_ids)
     # the stop token is only predicted, never read: each sequence is the prompt plus the option
     S = T + max(len(p.tokens) for p in paths) - 1
-    ids = torch.full((len(paths), S), pad, dtype=torch.long, device=device)
-    attn = torch.zeros((len(paths), S), dtype=torch.bool, device=device)
-    for j, p in enumerate(paths):
-        seq = prompt_ids + list(p.tokens[:-1])
-        ids[j, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attn[j, :len(seq)] = True
-    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
-    hidden = encode(model, ids, attn, cache, torch.arange(S, dtype=torch.int32, device=device)[None]).last_hidden_state
-    scores = []
-    for j, p in enumerate(paths):
-        # the hidden state at position T - 1 + i predicts the path's token i
-        logits = softcapped_logits(model, hidden[j, T - 1:T - 1 + len(p.tokens)])
-        scores.append(_path_logprob(logits, p, stops))
-    return scores, 1
+    scores: list[float] = []
+    passes = 0
+    for chunk in _chunks(list(paths), rows_per_forward(rt, 0, S)):   # bounded memory: options in chunks
+        ids = torch.full((len(chunk), S), pad, dtype=torch.long, device=device)
+        attn = torch.zeros((len(chunk), S), dtype=torch.bool, device=device)
+        for j, p in enumerate(chunk):
+            seq = prompt_ids + list(p.tokens[:-1])
+            ids[j, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attn[j, :len(seq)] = True
+        cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+        hidden = encode(model, ids, attn, cache, torch.arange(S, dtype=torch.int32, device=device)[None]).last_hidden_state
+        passes += 1
+        for j, p in enumerate(chunk):
+            # the hidden state at position T - 1 + i predicts the path's token i
+            n = len(p.tokens)
+            logits = softcapped_logits(model, hidden[j, T - 1:T - 1 + n])
+            scores.append(sum(_position_logprobs(logits, p.bitmask, p.tokens, [False] * (n - 1) + [True], stops, V)))
+    return scores, passes
 
 
 def stop_ids_of(constraint: Constraint) -> list[int]:
