@@ -73,14 +73,18 @@ class LengthError(DgemmaStructError):
 
 class GenerationFailed(DgemmaStructError):
     """Repairs and the AR fallback could not produce a valid value. Carries the validation
-    errors, the partial text and the stats; an invalid value is never returned as success."""
+    errors (each distinct one once), the partial text, the stats and ``rejected``: every distinct
+    value validation rejected, once, as ``{"path": JSON Pointer, "value": text as written,
+    "errors": [...], "times": attempts that wrote it}`` (a repair never writes a rejected value
+    again, so ``times`` is 1). An invalid value is never returned as success."""
 
     def __init__(self, message: str, *, errors: list[str] | None = None, partial_text: str = "",
-                 stats: Any = None):
+                 stats: Any = None, rejected: list[dict] | None = None):
         super().__init__(message)
         self.errors = list(errors or [])
         self.partial_text = partial_text
         self.stats = stats
+        self.rejected = list(rejected or [])
 
 
 class GenerationTimeout(DgemmaStructError, TimeoutError):

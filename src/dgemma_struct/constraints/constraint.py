@@ -23,7 +23,7 @@ import llguidance as llg
 
 from dgemma_struct.errors import ChoiceError, ConstraintCompileTimeout, GrammarError, RegexError, SchemaError
 
-from .json_locate import error_char_offset, junk_paths
+from .json_locate import Rejection, RepairPlan, error_char_offset, junk_paths, repair_plan
 from .json_schema import iter_issues, make_validator
 from .safety import clip, engine_guard, is_limit_error, parser_limits
 from .tokenizer import TokenizerInfo
@@ -298,6 +298,14 @@ class Constraint:
         if self.kind is not ConstraintKind.JSON:
             return 0
         return error_char_offset(answer, [i.path for i in issues])
+
+    def repair_plan(self, answer: str, issues: Sequence[ValidationIssue]) -> RepairPlan:
+        """Where renoising restarts in ``answer`` and which values must not be written again
+        (:func:`~.json_locate.repair_plan`); the kinds without values restart at 0 and ban nothing
+        (the answer is still recorded as rejected)."""
+        if self.kind is not ConstraintKind.JSON:
+            return RepairPlan(0, [], [Rejection((), answer, "; ".join(i.message for i in issues))])
+        return repair_plan(answer, issues)
 
     def junk_paths(self, value: Any) -> list[tuple]:
         """Paths of strings in a valid ``value`` that hold structural junk (JSON only; else none)."""

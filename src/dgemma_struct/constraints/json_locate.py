@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 _WS = " \t\n\r"
@@ -22,7 +23,19 @@ _NUM = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
 def value_offsets(text: str) -> dict[tuple, int]:
     """Character offset where the value at each JSON path starts (the root is ``()``).
     Scans as far as the text is well-formed; a truncated text yields the paths seen so far."""
-    out: dict[tuple, int] = {}
+    return {p: s for p, (s, _) in value_spans(text)[0].items()}
+
+
+def value_spans(text: str) -> tuple[dict[tuple, tuple[int, int]], dict[tuple, int]]:
+    """``(spans, members)``: the character span ``[start, end)`` of the value at each JSON path
+    (a value still open at the end of a truncated text has ``end == -1``), and for each property
+    where its member starts (the ``,`` before its key, or the key of a first member).
+
+    >>> value_spans('{"a":1,"b":"x"}')
+    ({(): (0, 15), ('a',): (5, 6), ('b',): (11, 14)}, {('a',): 1, ('b',): 6})
+    """
+    out: dict[tuple, tuple[int, int]] = {}
+    members: dict[tuple, int] = {}
 
     def skip(i: int) -> int:
         while i < len(text) and text[i] in _WS:
@@ -43,7 +56,12 @@ def value_offsets(text: str) -> dict[tuple, int]:
 
     def value(i: int, path: tuple) -> int:
         i = skip(i)
-        out[path] = i
+        out[path] = (i, -1)
+        end = body(i, path)
+        out[path] = (i, end)
+        return end
+
+    def body(i: int, path: tuple) -> int:
         if i >= len(text):
             raise ValueError("truncated")
         c = text[i]
@@ -51,16 +69,19 @@ def value_offsets(text: str) -> dict[tuple, int]:
             i = skip(i + 1)
             if i < len(text) and text[i] == "}":
                 return i + 1
+            member = i
             while True:
                 i = skip(i)
                 end = string_end(i)
                 key = json.loads(text[i:end])
+                members[path + (key,)] = member
                 i = skip(end)
                 if text[i] != ":":
                     raise ValueError("expected ':'")
                 i = value(i + 1, path + (key,))
                 i = skip(i)
                 if text[i] == ",":
+                    member = i
                     i += 1
                     continue
                 if text[i] == "}":
@@ -94,7 +115,7 @@ def value_offsets(text: str) -> dict[tuple, int]:
         value(0, ())
     except (ValueError, IndexError):
         pass
-    return out
+    return out, members
 
 
 def error_char_offset(text: str, paths: Sequence[Sequence[Any]]) -> int:
@@ -108,6 +129,130 @@ def error_char_offset(text: str, paths: Sequence[Sequence[Any]]) -> int:
             p = p[:-1]
         best = min(best, offsets.get(p, 0))
     return best
+
+
+@dataclass(frozen=True)
+class Ban:
+    """A value a repair must not write again: the value at ``path`` must not be ``text`` (UTF-8,
+    as written), or with ``prefix`` must not *start* with ``text`` (which then ends where one of its
+    members ends: the value's other members may change, that one may not in that context).
+
+    ``delimited``: ``text`` ends in a number or a literal, so it is only written once the next byte
+    cannot continue it (``12`` is not ``123``); a string, object or array ends at its own closing byte.
+
+    >>> Ban(("n",), b"12").delimited, Ban(("s",), b'"12"').delimited
+    (True, False)
+    """
+
+    path: tuple
+    text: bytes
+    prefix: bool = False
+
+    @property
+    def delimited(self) -> bool:
+        return not self.text.endswith((b'"', b"}", b"]"))
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A value validation rejected: its path, its text as written and why."""
+
+    path: tuple
+    text: str
+    message: str
+
+
+@dataclass
+class RepairPlan:
+    """What one rejected output tells the repair: where renoising restarts (``offset``, a character
+    of the answer), the values that must not come back (``bans``) and the ``rejected`` values."""
+
+    offset: int
+    bans: list[Ban] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+
+
+_NAMED = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")
+
+
+def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
+    """The :class:`RepairPlan` of a JSON ``text`` whose ``issues`` (``.path``, ``.message``) validation
+    reported. Each issue's path (or its deepest ancestor in the text) names the rejected value:
+
+    * an array with duplicates (``uniqueItems``): its first duplicate is rejected; renoising starts
+      there and none of the items before it may be written at that position;
+    * an object (``required``, ``dependentRequired``, ``if``/``then``, a model validator): renoising
+      starts at the earliest member the message names ('quoted') that is present, else at the last
+      member's value; the whole object is banned, and when the message names no property at all (a
+      model validator) its text up to the end of that last value is banned as a prefix too (else the
+      model writes the same last value, the grammar forces ``}`` and the ban leaves no token);
+    * an array otherwise (``contains``, ``minContains``): renoising starts at its last item, the array banned;
+    * any other value: renoising starts at it, and it is banned.
+
+    >>> plan = repair_plan('{"d":"0020-01-01","n":3}', [type("I", (), {"path": ("d",), "message": "past"})()])
+    >>> plan.offset, plan.bans
+    (5, [Ban(path=('d',), text=b'"0020-01-01"', prefix=False)])
+    """
+    spans, members = value_spans(text)
+    plan = RepairPlan(len(text))
+    for issue in issues:
+        p = tuple(issue.path)
+        while p and p not in spans:
+            p = p[:-1]
+        start, end = spans.get(p, (0, -1))
+        if end < 0:   # nothing of it was written whole: renoise from its start, nothing to ban
+            plan.offset = min(plan.offset, start)
+            continue
+        vt = text[start:end]
+        try:
+            v = json.loads(vt)
+        except ValueError:
+            v = None
+        at, bans, rejected = _value_plan(text, spans, members, p, v, str(issue.message))
+        plan.offset = min(plan.offset, at)
+        plan.bans.extend(b for b in bans if b not in plan.bans)
+        plan.rejected.append(rejected)
+    return plan
+
+
+def _children(spans: dict, path: tuple) -> list[tuple]:
+    return sorted((q for q in spans if len(q) == len(path) + 1 and q[:-1] == path and spans[q][1] >= 0),
+                  key=lambda q: spans[q][0])
+
+
+def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any,
+                message: str) -> tuple[int, list[Ban], Rejection]:
+    """``(renoise offset, bans, rejection)`` of the value ``v`` at ``p`` (see :func:`repair_plan`)."""
+    start, end = spans[p]
+    whole = Ban(p, text[start:end].encode())
+    kids = _children(spans, p)
+    if isinstance(v, list) and "unique" in message.lower():
+        k = next((k for k in range(1, len(v)) if any(_same(v[k], v[i]) for i in range(k))), None)
+        if k is not None and p + (k,) in spans:
+            ks, ke = spans[p + (k,)]
+            before = {text[slice(*spans[p + (i,)])] for i in range(k) if p + (i,) in spans}
+            return ks, [Ban(p + (k,), t.encode()) for t in sorted(before)], Rejection(p + (k,), text[ks:ke], message)
+    rejected = Rejection(p, text[start:end], message)
+    if isinstance(v, dict):
+        names = {a or b for a, b in _NAMED.findall(message)}
+        present = [members[p + (n,)] for n in names if p + (n,) in members]
+        if present:
+            return min(present), [whole], rejected
+        if not kids:
+            return start, [whole], rejected
+        last = spans[kids[-1]]
+        bans = [whole] if names else [whole, Ban(p, text[start:last[1]].encode(), prefix=True)]
+        return last[0], bans, rejected
+    if isinstance(v, list) and kids:
+        return spans[kids[-1]][0], [whole], rejected
+    return start, [whole], rejected
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality (``1 == 1.0`` but ``1 != true``), as ``uniqueItems`` compares."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
 
 
 def char_to_token_index(token_texts: Sequence[str], offset: int) -> int:

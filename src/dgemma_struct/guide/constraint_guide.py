@@ -14,7 +14,9 @@ At every denoising step:
    it is the only option) those tokens are written and frozen with no forward pass.
 5. **Termination.** After EOS the rest of the canvas is pad; when a canvas stops with unfrozen
    positions, they are filled by a masked greedy walk over the last logits (no extra forward).
-6. **Budget.** A row never commits more than its token budget (stop token included); with
+6. **Exclusion.** A repair row carries the values validation rejected before
+   (:mod:`dgemma_struct.guide.exclusion`): they are taken out of its masks and never committed.
+7. **Budget.** A row never commits more than its token budget (stop token included); with
    ``close_on_budget`` it follows a closing plan (:mod:`dgemma_struct.guide.budget`) once the tokens
    left approach the plan's length, so it ends in time instead of running out.
 
@@ -42,6 +44,7 @@ from dgemma_struct.kernels import BitmaskStaging, apply_token_bitmask_
 from dgemma_struct.engine.token_logprobs import GuideLogprobs
 from dgemma_struct.guide.lookahead import ARMasking, MaskLookahead
 from dgemma_struct.options import check_deadline
+from dgemma_struct.guide.exclusion import Exclusion
 from dgemma_struct.guide.rows import CanvasWrites, RowOutcome, RowState
 
 __all__ = ["ConstraintGuide"]
@@ -57,19 +60,21 @@ class ConstraintGuide(ARMasking):
     at once so a batch is not held up by it. ``deadline``: a ``time.monotonic()`` value after
     which the run is abandoned with :class:`~dgemma_struct.errors.GenerationTimeout`.
     ``logprobs``: ``k`` records each committed token's logprob and its ``k`` top alternatives
-    (:mod:`dgemma_struct.engine.token_logprobs`; ``ar_temperature``: the AR loop's temperature)."""
+    (:mod:`dgemma_struct.engine.token_logprobs`; ``ar_temperature``: the AR loop's temperature).
+    ``exclusions[b]``: row b's :class:`~dgemma_struct.guide.exclusion.Exclusion` (or None)."""
 
     def __init__(self, walkers: Sequence[CanvasWalker | None], *, pad_token_id: int, progress: bool = True,
                  force_tokens: bool = True, renoise_invalid: bool = False, stall_steps: int = 8,
                  deadline: float | None = None, budgets: Sequence[int] | None = None,
                  close_on_budget: bool = False, closing_window: int | None = None,
                  row_stop: Sequence[Callable[[], bool] | None] | None = None, logprobs: int | None = None,
-                 ar_temperature: float | None = None):
+                 ar_temperature: float | None = None, exclusions: Sequence[Exclusion | None] | None = None):
         # ``rows``: the batch's rows in batch order (rows leave and join a running batch:
         # :meth:`keep_rows`, :meth:`join`); ``all_rows``: every row by id, as ``outcome`` counts them
         self.rows = [RowState(w, start=len(w.frozen_tokens) if w is not None else 0,
                               budget=budgets[b] if budgets is not None else None,
-                              stop=row_stop[b] if row_stop is not None else None, id=b, lp_top=logprobs)
+                              stop=row_stop[b] if row_stop is not None else None, id=b, lp_top=logprobs,
+                              exclusion=exclusions[b] if exclusions is not None else None)
                      for b, w in enumerate(walkers)]
         self.all_rows = list(self.rows)
         self.budgeted = budgets is not None
@@ -139,6 +144,8 @@ class ConstraintGuide(ARMasking):
         r = self.rows[b]
         w, f, L = r.walker, r.n_frozen, view.frozen.shape[1]
         tokens = tokens[: L - f]
+        if r.exclusion is not None:  # every commit path (sampled, forced, fill, plan) stops before a banned value
+            tokens = tokens[:r.exclusion.admissible(w.frozen_tokens, tokens)]
         if self.budgeted:  # at most budget - 1 tokens, then only a stop token
             room = max(0, r.budget - 1 - r.committed)
             keep = tokens[:room]
@@ -248,6 +255,14 @@ class ConstraintGuide(ARMasking):
             cuts.append((b, r.cut_at, w.stop_token_ids[0]))
             r.cut_at = None
 
+    def _ar_masks(self, rows: tuple[int, ...]) -> np.ndarray | None:
+        masks = super()._ar_masks(rows)
+        for i, b in enumerate(rows):
+            ex = self.rows[b].exclusion
+            if ex is not None:
+                masks[i] = ex.masks(self.rows[b].walker.frozen_tokens, [], masks[i:i + 1])[0][0]
+        return masks
+
     # ------------------------------------------------------------------ diffusion hook
     def start_canvas(self, view: StepView) -> None:
         t0 = time.perf_counter()
@@ -284,6 +299,8 @@ class ConstraintGuide(ARMasking):
             res = r.walker.walk(drafts[b][f:])
             n = min(res.n_valid + 1, L - f)
             bm = res.bitmasks[:n]
+            if r.exclusion is not None:
+                bm, n = r.exclusion.masks(r.walker.frozen_tokens, drafts[b][f:f + n], bm)
             empty = ~bm.any(axis=1)
             if empty[0]:  # nothing allowed at the frontier, ever: a dead end, not NaN
                 self._end_dead(view, b)
@@ -336,8 +353,11 @@ class ConstraintGuide(ARMasking):
             if res.n_valid == 0:
                 self._stall(r)
                 continue
-            r.stalled = 0
             self._freeze(view, b, run[:res.n_valid], view.logits[b, f:])
+            if r.n_frozen == f and not self._w.done[b]:   # the exclusion refused the run's first token
+                self._stall(r)
+                continue
+            r.stalled = 0
             self._apply_forced(view, b)
             if self.renoise_invalid:
                 view.accept[b, r.n_frozen:] = False

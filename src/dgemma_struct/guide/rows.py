@@ -14,6 +14,7 @@ import torch
 
 if TYPE_CHECKING:
     from dgemma_struct.constraints import CanvasWalker
+    from dgemma_struct.guide.exclusion import Exclusion
     from dgemma_struct.results import TokenLogprob
 
 
@@ -38,6 +39,7 @@ class RowState:
     canvas0: int = 0                     # the batch's canvas index when the row joined it
     lp_top: int | None = None            # record logprobs with this many alternatives (None: none)
     lp: list[TokenLogprob] = field(default_factory=list)   # the entries recorded, one per committed token
+    exclusion: Exclusion | None = None   # values this row must not write again (a repair's rejected values)
 
     @property
     def committed(self) -> int:

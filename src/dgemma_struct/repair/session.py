@@ -3,8 +3,12 @@ value, and when the repairs are spent, an AR fallback on the same weights.
 
 Each attempt gets a typed verdict (:class:`Accept` or :class:`Redo`); when no attempt is left the
 request ends with the least-junk valid value seen (:class:`LeastJunk`) or a :class:`GiveUp`
-carrying the typed error. Where to renoise comes from the constraint (:meth:`Constraint.error_offset`,
-:meth:`Constraint.junk_paths`) and :func:`~dgemma_struct.constraints.json_locate.char_to_token_index`.
+carrying the typed error. Where to renoise and what must not come back come from the constraint
+(:meth:`Constraint.repair_plan`, :meth:`Constraint.junk_paths`) and
+:func:`~dgemma_struct.constraints.json_locate.char_to_token_index`. Every value validation rejected
+is banned from the request's later attempts, repairs and AR fallback alike
+(:mod:`dgemma_struct.guide.exclusion`), so a repair cannot write it again: each attempt that fails
+fails on a new value, and :class:`~dgemma_struct.errors.GenerationFailed` lists each one once.
 
 Example::
 
@@ -21,7 +25,9 @@ from dgemma_struct.constraints import Constraint, ValidationIssue
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.engine.token_logprobs import named
-from dgemma_struct.constraints.json_locate import char_to_token_index
+from dgemma_struct.constraints.json_locate import Ban, Rejection, char_to_token_index
+from dgemma_struct.guide.exclusion import Exclusion, TokenBytes
+from dgemma_struct.constraints.safety import clip
 from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
 from dgemma_struct.results import GenerationResult, GenerationStats
 
@@ -29,7 +35,7 @@ if TYPE_CHECKING:
     from dgemma_struct.runtime import DiffusionRuntime
 
 __all__ = ["Attempt", "Accept", "Redo", "GiveUp", "Verdict", "LeastJunk", "RepairSession", "batch_guide", "min_length_tokens",
-           "split_reasoning"]
+           "pointer", "split_reasoning"]
 
 FORCED_PREFIX_SCAN = 4096   # tokens of a constraint's forced prefix looked at for its minimum length
 ATTEMPT_SEED_STRIDE = 1000  # attempt k draws from seed + k * stride
@@ -76,6 +82,15 @@ class LeastJunk:
     outcome: Any
 
 
+def pointer(path: Sequence[Any]) -> str:
+    """The JSON Pointer of a path (RFC 6901).
+
+    >>> pointer(("a/b", 0, "c~"))
+    '/a~1b/0/c~0'
+    """
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
 def split_reasoning(constraint: Constraint, text: str) -> tuple[str | None, str]:
     """``(thought, answer)`` of decoded text under ``constraint`` (no thought: ``(None, text)``)."""
     return constraint.split_reasoning(text)
@@ -90,13 +105,14 @@ def min_length_tokens(constraint: Constraint) -> int:
 def batch_guide(sessions: Sequence[RepairSession], walkers: list | None = None, *, budgets: list[int] | None = None,
                 row_stop: Sequence[Callable[[], bool] | None] | None = None) -> ConstraintGuide:
     """One guide over the sessions' rows (fresh walkers unless given), with the first session's
-    options and deadline (a batch shares them)."""
+    options and deadline (a batch shares them); each row excludes its session's rejected values."""
     first = sessions[0]
     o = first.opts
     return ConstraintGuide(walkers if walkers is not None else [s.c.canvas_walker() for s in sessions],
                            pad_token_id=first.rt.pad_token_id or 0, deadline=first.deadline,
                            budgets=budgets if budgets is not None else [o.max_new_tokens] * len(sessions),
-                           row_stop=row_stop, logprobs=o.logprobs, ar_temperature=o.temperature, **o.guide_knobs())
+                           row_stop=row_stop, logprobs=o.logprobs, ar_temperature=o.temperature,
+                           exclusions=[s.exclusion() for s in sessions], **o.guide_knobs())
 
 
 class RepairSession:
@@ -114,6 +130,14 @@ class RepairSession:
         self.errors: list[str] = []
         self.least_junk: LeastJunk | None = None
         self.kept_logprobs: list = []   # the entries of the kept prefix of the next attempt
+        self.bans: list[Ban] = []       # values no later attempt may write (rejected, or duplicates)
+        # each distinct rejected (path, text as written): its messages and how often an attempt wrote it
+        self.rejected: dict[tuple[tuple, str], list[str]] = {}
+        self.rejected_times: dict[tuple[tuple, str], int] = {}
+
+    def exclusion(self) -> Exclusion | None:
+        """The rule that keeps this session's rejected values out of its next attempt (None: none yet)."""
+        return Exclusion(self.bans, TokenBytes.of(self.c.tokenizer_info)) if self.bans else None
 
     # -- one pass of the loop from a kept prefix ------------------------------------------------
     def guide_for(self, prefix: list[int]) -> ConstraintGuide:
@@ -221,7 +245,7 @@ class RepairSession:
         if not outcome.ok:
             reasons = [str(e) for e in outcome.errors]
             self.errors.extend(reasons)
-            return Redo(self._prefix_before(a.tokens, outcome.errors), reasons)
+            return Redo(self._prefix_before(a.tokens, outcome.errors, reject=True), reasons)
         value = outcome.value.model_dump(mode="json") if hasattr(outcome.value, "model_dump") else outcome.value
         junk = self.c.junk_paths(value) if self.opts.repair_junk else []
         best = self.least_junk
@@ -233,17 +257,36 @@ class RepairSession:
             return Redo(self._prefix_before(a.tokens, issues), [str(i) for i in issues])
         return Accept(best.attempt, best.outcome)
 
-    def _prefix_before(self, tokens: list[int], issues: list) -> list[int]:
+    def _prefix_before(self, tokens: list[int], issues: list, *, reject: bool = False) -> list[int]:
         """Tokens before the earliest offending value (where renoising restarts); without a
-        located issue, half of them."""
+        located issue, half of them. ``reject``: the issues' values are rejected (recorded, and
+        banned from the next attempts; not with a thought block, whose text the ban would misread)."""
         if not issues:
             return tokens[: len(tokens) // 2]
         text = self.text_of(tokens)
-        _, answer = split_reasoning(self.c, text)
+        thought, answer = split_reasoning(self.c, text)
         skip = len(text) - len(answer)  # a thought block before the answer is kept as it is
-        offset = skip + self.c.error_offset(answer, issues)
+        plan = self.c.repair_plan(answer, issues)
+        if reject:
+            self._reject(plan.rejected, plan.bans if thought is None else [])
         pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
-        return tokens[:char_to_token_index(pieces, offset)]
+        return tokens[:char_to_token_index(pieces, skip + plan.offset)]
+
+    def _reject(self, rejected: list[Rejection], bans: list[Ban]) -> None:
+        for r in rejected:
+            key = (r.path, r.text)
+            msgs = self.rejected.setdefault(key, [])
+            if r.message not in msgs:
+                msgs.append(r.message)
+            self.rejected_times[key] = self.rejected_times.get(key, 0) + 1
+        self.bans.extend(b for b in bans if b not in self.bans)
+
+    def rejected_values(self) -> list[dict]:
+        """Each distinct rejected value once: ``{"path", "value", "errors", "times"}`` (``path`` a JSON
+        Pointer, ``value`` the text as written, ``times`` how many attempts wrote it: 1 unless the
+        exclusion could not apply)."""
+        return [{"path": pointer(p), "value": text, "errors": list(msgs), "times": self.rejected_times[(p, text)]}
+                for (p, text), msgs in self.rejected.items()]
 
     def give_up(self, last: Attempt | None, t0: float) -> Accept | GiveUp:
         """No attempt left: the least-junk valid value if one was seen, else the typed error."""
@@ -259,9 +302,16 @@ class RepairSession:
                                       f"{self.opts.max_new_tokens}; nothing truncated was returned",
                                       partial_text=partial, stats=s))
         s.finish_reason = "error"
-        return GiveUp(GenerationFailed("no valid output after {} repairs{}: {}".format(
-            self.opts.max_repairs, " and the AR fallback" if s.fallback else "", "; ".join(self.errors[-3:])),
-            errors=self.errors, partial_text=partial, stats=s))
+        rejected = self.rejected_values()
+        other = [e for e in dict.fromkeys(self.errors) if not any(e.endswith(m) for r in rejected for m in r["errors"])]
+        listed = ["{} = {}: {}".format(r["path"] or "<root>", clip(r["value"], 80), "; ".join(r["errors"]))
+                  for r in rejected]
+        errors = listed + other
+        what = (f"{len(rejected)} rejected value{'s' if len(rejected) != 1 else ''}, each tried once: "
+                if rejected else "")
+        return GiveUp(GenerationFailed("no valid output after {} repairs{}; {}{}".format(
+            self.opts.max_repairs, " and the AR fallback" if s.fallback else "", what, " | ".join(errors)),
+            errors=errors, partial_text=partial, stats=s, rejected=rejected))
 
     def finish(self, verdict: Accept, t0: float) -> GenerationResult:
         a, s = verdict.attempt, self.stats

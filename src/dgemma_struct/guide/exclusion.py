@@ -1,0 +1,217 @@
+"""The exclusion rule of a repair row: values that validation rejected cannot be written again.
+
+A repair renoises from the rejected value; if nothing stopped it, the model would often write the
+same value again (measured: ``issued: 0000-…`` three times, then :class:`GenerationFailed`). So
+each rejected value becomes a :class:`~dgemma_struct.constraints.json_locate.Ban` (a JSON path and
+the value's bytes), and every row of the request's later attempts (repairs and the AR fallback)
+carries an :class:`Exclusion` of all its bans. The rule is checked on bytes, not sampled around:
+
+* **masks** -- at a position where the value at a banned path is open (or about to start) and its
+  bytes so far are a prefix of the banned text, the tokens whose bytes complete that text are
+  removed from the mask (for a string, object or array the text ends at its own closing byte, so
+  that is every token starting with the rest of it; for a number or literal only once a byte that
+  cannot continue it follows, so ``12`` stays allowed on the way to ``123``, and after exactly
+  ``12`` the tokens that would end it -- and EOS -- are removed). Tokens come from a
+  sorted index of the vocabulary's bytes: one binary search per rule and position.
+* **commits** -- every token a row commits (sampled, forced, greedy fill, closing plan) is
+  scanned byte by byte (:class:`~dgemma_struct.constraints.json_scan.JsonScan`); the commit stops
+  before the first token that would complete a banned value. This is exact where the masks are
+  not (a token that both opens and completes a value, e.g. ``:"x"``), so nothing banned is ever
+  committed; a position where the rule leaves no token is a dead end, repaired as one.
+
+The rule compares the text as written (the constraint writes JSON compactly: one spelling per
+value); the path, not the position, keys it, so it holds from any kept prefix, in every attempt.
+
+Example::
+
+    >>> from dgemma_struct.constraints.json_locate import Ban
+    >>> ex = Exclusion([Ban(("d",), b'"x"')], TokenBytes.of_texts([b'{"d":', b'"x"', b'"y"', b'"', b'x', b'}']))
+    >>> ex.admissible([0], [1, 5])            # '"x"' would write the banned value
+    0
+    >>> ex.admissible([0], [3, 4, 3])         # '"', 'x', '"': the closing quote is refused
+    2
+    >>> ex.admissible([0], [3, 4, 4, 3, 5])   # "xx" is another value
+    5
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import numpy as np
+
+from dgemma_struct.constraints.bitmask_np import bitmask_of
+from dgemma_struct.constraints.json_locate import Ban
+from dgemma_struct.constraints.json_scan import SCALAR_BYTES, JsonScan
+
+__all__ = ["Exclusion", "TokenBytes"]
+
+_CACHE: "OrderedDict[tuple, TokenBytes]" = OrderedDict()
+_LOCK = threading.Lock()
+
+
+class TokenBytes:
+    """Every token's bytes, and the non-special tokens sorted by their bytes (the tokens starting
+    with some bytes are one range of that order). Built once per tokenizer (:meth:`of`)."""
+
+    def __init__(self, token_bytes: Sequence[bytes], specials: frozenset[int] = frozenset(),
+                 stops: Sequence[int] = (), width: int | None = None):
+        self.bytes = list(token_bytes)
+        self.stops = frozenset(stops)
+        self.n_words = ((width or len(self.bytes)) + 31) // 32
+        order = sorted((t for t, b in enumerate(self.bytes) if b and t not in specials), key=self.bytes.__getitem__)
+        self._keys = [self.bytes[t] for t in order]
+        self._ids = order
+        # tokens whose first byte continues a number or literal (what stays allowed right after one)
+        self.continues = bitmask_of([t for t in order if self.bytes[t][0] in SCALAR_BYTES], self.n_words)
+        self._rows: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+
+    @classmethod
+    def of(cls, info: Any) -> "TokenBytes":
+        """The index of a :class:`~dgemma_struct.constraints.tokenizer.TokenizerInfo` (cached)."""
+        key = (id(info.lltok), info.vocab_size, tuple(info.stop_token_ids))
+        with _LOCK:
+            hit = _CACHE.get(key)
+            if hit is not None:
+                _CACHE.move_to_end(key)
+                return hit
+        lltok = info.lltok
+        n = int(lltok.vocab_size)
+        tb = cls([lltok.decode_bytes([t]) for t in range(n)], frozenset(info.special_token_ids),
+                 info.stop_token_ids, info.vocab_size)
+        with _LOCK:
+            _CACHE[key] = tb
+            while len(_CACHE) > 4:
+                _CACHE.popitem(last=False)
+        return tb
+
+    @classmethod
+    def of_texts(cls, texts: Sequence[bytes]) -> "TokenBytes":
+        """An index over a toy vocabulary (tests and examples)."""
+        return cls(texts)
+
+    def starting_with(self, rest: bytes, delimited: bool) -> np.ndarray:
+        """The bitmask of the tokens that would complete a banned text whose ``rest`` is unwritten
+        (``delimited``: a byte that cannot continue a number must follow it in the same token).
+        ``rest == b""`` (a number written in full): every token that ends it, stop tokens included."""
+        key = (rest, delimited)
+        row = self._rows.get(key)
+        if row is not None:
+            return row
+        if not rest:
+            row = ~self.continues
+        else:
+            lo = bisect.bisect_left(self._keys, rest)
+            hi = lo
+            while hi < len(self._keys) and self._keys[hi].startswith(rest):
+                hi += 1
+            ids = self._ids[lo:hi]
+            if delimited:
+                n = len(rest)
+                ids = [t for t in ids if len(self.bytes[t]) > n and self.bytes[t][n] not in SCALAR_BYTES]
+            row = bitmask_of(ids, self.n_words)
+        self._rows[key] = row
+        if len(self._rows) > 256:
+            self._rows.popitem(last=False)
+        return row
+
+
+class Exclusion:
+    """The bans of one request's row (see the module text): :meth:`masks` removes the tokens that
+    would write a banned value, :meth:`admissible` says how many tokens of a commit may go in."""
+
+    def __init__(self, bans: Sequence[Ban], index: TokenBytes):
+        self.bans = list(bans)
+        self.index = index
+        self._by_path: dict[tuple, list[Ban]] = {}
+        for b in self.bans:
+            self._by_path.setdefault(b.path, []).append(b)
+        self._seen: list[int] = []        # the committed tokens scanned so far
+        self._scan = JsonScan()
+        self._text = bytearray()
+
+    def __bool__(self) -> bool:
+        return bool(self.bans)
+
+    # -- the scan of the committed tokens --------------------------------------------------------
+    def _after(self, frozen: Sequence[int]) -> tuple[JsonScan, bytearray, bool]:
+        """A copy of the scan after ``frozen`` (and its bytes; False when a banned value is in them)."""
+        n = len(self._seen)
+        if len(frozen) < n or list(frozen[:n]) != self._seen:
+            self._seen, self._scan, self._text = [], JsonScan(), bytearray()
+            n = 0
+        ok = True
+        for t in frozen[n:]:
+            ok = self._step(self._scan, self._text, int(t)) and ok
+            self._seen.append(int(t))
+        return self._scan.copy(), bytearray(self._text), ok
+
+    def _step(self, scan: JsonScan, text: bytearray, t: int) -> bool:
+        """Scan token ``t``; False when it writes a banned value."""
+        ix = self.index
+        if t in ix.stops:
+            return not self._fires(scan.end(), text)
+        b = ix.bytes[t] if t < len(ix.bytes) else b""
+        text.extend(b)
+        return not self._fires(scan.feed(b), text)
+
+    def _fires(self, ended: list, text: bytearray) -> bool:
+        """Whether one of the values that just ``ended`` is banned (a member's end for a prefix ban)."""
+        for e in ended:
+            for ban in self._by_path.get(e.path, ()):
+                if not ban.prefix and text[e.start:e.end] == ban.text:
+                    return True
+            for ban in self._by_path.get(e.path[:-1], ()) if e.path else ():
+                if ban.prefix and e.parent >= 0 and text[e.parent:e.end] == ban.text:
+                    return True
+        return False
+
+    # -- what the guide asks ---------------------------------------------------------------------
+    def admissible(self, frozen: Sequence[int], tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` may be committed after ``frozen`` (all, unless one of them
+        would write a banned value: then the ones before it)."""
+        scan, text, _ = self._after(frozen)
+        for i, t in enumerate(tokens):
+            if not self._step(scan, text, int(t)):
+                return i
+        return len(tokens)
+
+    def banned_row(self, scan: JsonScan, text: bytes) -> np.ndarray | None:
+        """The bitmask of the tokens that would write a banned value next (None: no rule applies).
+        A prefix ban is checked like a whole one: its text ends where a member ends."""
+        row = None
+        for path, start in scan.open_values():
+            for ban in self._by_path.get(path, ()):
+                rest = self._rest_row(ban, text[start:])
+                if rest is not None:
+                    row = rest if row is None else row | rest
+        return row
+
+    def _rest_row(self, ban: Ban, written: bytes) -> np.ndarray | None:
+        if len(written) > len(ban.text) or not ban.text.startswith(written):
+            return None
+        if len(written) == len(ban.text) and not ban.delimited:
+            return None   # already written in full (never: it would have been refused)
+        return self.index.starting_with(ban.text[len(written):], ban.delimited)
+
+    def masks(self, frozen: Sequence[int], draft: Sequence[int], bitmasks: np.ndarray) -> tuple[np.ndarray, int]:
+        """``(bitmasks, n)``: the walker's mask rows along ``draft`` (row ``i`` after ``draft[:i]``)
+        without the tokens that would write a banned value, cut after the first draft token that
+        would (``n`` rows kept). A copy when anything was removed, else ``bitmasks`` itself."""
+        scan, text, _ = self._after(frozen)
+        out = bitmasks
+        n = len(bitmasks)
+        for i in range(len(bitmasks)):
+            row = self.banned_row(scan, bytes(text))
+            if row is not None:
+                if out is bitmasks:
+                    out = bitmasks.copy()
+                out[i] &= ~row
+            if i >= len(draft):
+                break
+            if not self._step(scan, text, int(draft[i])):
+                n = i + 1
+                break
+        return out[:n], n
