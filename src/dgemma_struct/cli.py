@@ -1,7 +1,8 @@
-"""The ``dgemma-struct`` command: ``demo`` (the main job), ``train``, ``eval``, ``serve``.
+"""The dgemma-struct command: demo (the main job), generate (one spec from the shell), train, eval, serve.
 
 Every failure the command can foresee (a bad argument, a missing checkpoint, a device that is not
-there) ends in one ``error: ...`` line on stderr and exit status 2, never a traceback."""
+there, a port in use) ends in one "error: ..." line on stderr and exit status 2, never a traceback;
+generate exits 1 when no valid output could be produced."""
 from __future__ import annotations
 
 import argparse
@@ -80,64 +81,144 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_preface(rt) -> str:
-    """What the embedded model can do, read from its training corpus, before any result is shown."""
-    from dgemma_struct.training.corpus import JSON_FAMILIES
-    from dgemma_struct.training.dialect_corpus import TOOLS
-
-    params = sum(p.numel() for p in rt.model.parameters()) / 1e6
-    device = f"{rt.model.device} ({str(rt.model.dtype).removeprefix('torch.')})"
-    return (f"dgemma-struct demo: the embedded {params:.2f}M-parameter DiffusionGemma on {device}, a toy trained\n"
-            f"only on synthetic records (docs/model_card.md):\n"
-            f"  - JSON extraction, {len(JSON_FAMILIES)} record families: {', '.join(JSON_FAMILIES)}\n"
-            f"  - short answers: dates, emails, phone numbers, order codes, sentiment, topic, arithmetic,\n"
-            f"    key=value settings\n"
-            f"  - tool calls to {len(TOOLS)} declared tools ({', '.join(list(TOOLS)[:3])},\n"
-            f"    {', '.join(list(TOOLS)[3:])}), and the same with thinking on\n"
-            f"Every value below is valid for its type by construction. Prompts like these get right answers\n"
-            f"most of the time; any other prompt gets valid but meaningless values (load a real checkpoint\n"
-            f"with DiffusionRuntime.from_pretrained for that). Diffusion first, then AR on the same weights.\n")
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The main job: typed JSON extraction on the embedded model, offline on a CPU."""
     import torch
-    from pydantic import BaseModel
 
-    from dgemma_struct import Choice, DiffusionRuntime, Regex, generate
+    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.training.demo import demo_lines
 
     torch.set_num_threads(args.threads)
-
-    class Person(BaseModel):
-        name: str
-        age: int
-        email: str
-
-    rt = DiffusionRuntime.default(device=args.device, dtype=args.dtype)
-    # prompts of three training families (person JSON, phone regex, sentiment choice) that the model
-    # answers right; the grounded demo below shows a miscopied email and how grounding fixes it
-    jobs = [
-        ("Extract the name, age and email as JSON.\nAlice Gomez is 51 years old and can be reached at "
-         "alice44@example.com.", Person),
-        ("Give the phone number.\nYou can call Ada on 555-867-5309 after six.", Regex(r"\d{3}-\d{3}-\d{4}")),
-        ("Classify the sentiment as positive, negative or neutral.\nThe hotel was clean and the view was amazing.",
-         Choice(["positive", "negative", "neutral"])),
-    ]
-    print(_demo_preface(rt))
-    for prompt, spec in jobs:
-        print(f"prompt: {prompt!r}")
-        for mode in ("diffusion", "ar"):
-            res = generate(prompt, spec, runtime=rt, seed=args.seed, mode=mode, return_details=True)
-            value = res.value.model_dump() if hasattr(res.value, "model_dump") else res.value
-            s = res.stats
-            print(f"  {mode:9s} value: {json.dumps(value)}  ({type(res.value).__name__})")
-            print(f"  {'':9s} stats: {s.forward_passes} forward passes, {s.tokens_per_forward:.2f} tokens/forward, "
-                  f"{s.forced_tokens} forced tokens, {s.repairs} repairs, fallback={s.fallback}, "
-                  f"{s.wall_s * 1000:.0f} ms ({s.mask_s * 1000:.0f} ms constraint work)")
-    from dgemma_struct.grounding import demo as grounded_demo
-
-    print("\n" + grounded_demo(rt, seed=args.seed))
+    for line in demo_lines(DiffusionRuntime.default(device=args.device, dtype=args.dtype), seed=args.seed):
+        print(line, flush=True)
     return 0
+
+
+def _spec(args: argparse.Namespace):
+    """The one spec the generate flags name (a usage error, exit 2, for none or several)."""
+    from dgemma_struct import Choice, Grammar, Regex
+    from dgemma_struct.errors import InvalidRequestError
+
+    given = [f for f in ("schema", "model_class", "regex", "choice", "grammar") if getattr(args, f) is not None]
+    if len(given) != 1:
+        raise InvalidRequestError("give exactly one of --schema, --model-class, --regex, --choice, --grammar")
+    if args.schema is not None:
+        try:
+            return json.loads(_read(args.schema))
+        except json.JSONDecodeError as err:
+            raise InvalidRequestError(f"--schema {args.schema}: not JSON ({err})") from None
+    if args.model_class is not None:
+        import importlib
+
+        module, _, name = args.model_class.partition(":")
+        sys.path.insert(0, os.getcwd())   # pkg.module is looked up where the command runs, as uvicorn does
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise InvalidRequestError(f"--model-class {args.model_class!r}: {_one_line(err)} "
+                                      "(expected pkg.module:Class)") from None
+        return cls
+    if args.regex is not None:
+        return Regex(args.regex)
+    if args.choice is not None:
+        return Choice([c.strip() for c in args.choice.split(",")])
+    return Grammar(_read(args.grammar))
+
+
+def _read(path: str) -> str:
+    return sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+
+
+def _prompts(args: argparse.Namespace) -> tuple[list, list]:
+    """(prompts, sources): one prompt (the argument, or stdin for '-' or none), or with --json-lines
+    one per non-blank stdin line: a JSON string, a JSON object {"prompt": ..., "source": ...}, or text."""
+    from dgemma_struct.errors import InvalidRequestError
+
+    source = _read(args.source) if args.source else None
+    text = sys.stdin.read() if args.prompt in (None, "-") else args.prompt
+    if not args.json_lines:
+        return [text.rstrip("\n") if args.prompt in (None, "-") else text], [source]
+    prompts, sources = [], []
+    for n, line in enumerate(filter(str.strip, text.splitlines()), 1):
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            item = line
+        if isinstance(item, dict) and "prompt" in item:
+            item, src = item["prompt"], item.get("source", source)
+        else:
+            src = source
+        if not isinstance(item, (str, list)):
+            raise InvalidRequestError(f"--json-lines line {n}: expected a prompt, got {type(item).__name__}")
+        prompts.append(item)
+        sources.append(src)
+    if not prompts:
+        raise InvalidRequestError("--json-lines: no prompt on stdin")
+    return prompts, sources
+
+
+def _shown(res, args: argparse.Namespace):
+    value = res.value.model_dump(mode="json") if hasattr(res.value, "model_dump") else res.value
+    if args.verbose and res.stats is not None:
+        s = res.stats
+        print(f"stats: {s.forward_passes} forward passes, {s.tokens_per_forward:.2f} tokens/forward, {s.repairs} "
+              f"repairs, fallback={s.fallback}, {s.wall_s * 1000:.0f} ms, finish={s.finish_reason}", file=sys.stderr)
+    extra = {"spans": [sp.to_dict() for sp in res.spans]} if hasattr(res, "spans") and args.regex is None else {}
+    if args.confidence:
+        extra["confidence"] = getattr(res, "confidence", None)
+    return {"value": value, **extra} if extra else value
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    """One spec from the shell; the value (JSON for a schema, the text otherwise) on stdout."""
+    from dgemma_struct import generate_batch
+    from dgemma_struct.errors import (DgemmaStructError, GenerationFailed, GenerationTimeout, InvalidRequestError,
+                                      LengthError)
+    from dgemma_struct.grounding import generate_grounded_batch, has_grounding
+
+    spec = _spec(args)
+    prompts, sources = _prompts(args)
+    rt = _load(args.model, args.device, args.dtype)
+    knobs = dict(runtime=rt, seed=args.seed, mode=args.mode)
+    if args.max_new_tokens is not None:
+        knobs["max_new_tokens"] = args.max_new_tokens
+    if args.grounded or args.source or any(sources):
+        if args.choice is not None or args.grammar is not None:
+            raise InvalidRequestError("grounded output needs --schema, --model-class or --regex")
+        if args.regex is not None:   # a grounded string that matches the regex: a span of the document
+            spec = {"type": "string", "pattern": f"^(?:{args.regex})$"}
+        out = generate_grounded_batch(prompts, spec, sources=sources, ground=None if has_grounding(spec) else
+                                      "strings", return_exceptions=True, **knobs)
+    else:
+        out = generate_batch(prompts, spec, return_exceptions=True, confidence=args.confidence, **knobs)
+    status = 0
+    for res in out:
+        if isinstance(res, (GenerationFailed, GenerationTimeout, LengthError)):
+            print(f"error: {_one_line(res)}", file=sys.stderr)
+            status, res = 1, None
+        elif isinstance(res, DgemmaStructError):
+            raise res
+        shown = None if res is None else _shown(res, args)
+        if args.json_lines:
+            print(json.dumps(shown, ensure_ascii=False))
+        elif shown is not None:
+            print(shown if isinstance(shown, str) else json.dumps(shown, ensure_ascii=False))
+    return status
+
+
+def _check_bind(host: str, port: int) -> None:
+    """Fails in one line, before the model loads, when ``host:port`` cannot be listened on."""
+    import socket
+
+    from dgemma_struct.errors import InvalidRequestError
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn binds
+            s.bind(addr)
+    except OSError as err:
+        raise InvalidRequestError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -164,6 +245,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                    dtype=args.dtype, warmup=False if args.no_warmup else None,
                                    drain_timeout_s=args.drain_timeout, retry_after_s=args.retry_after,
                                    verdict_ttl_s=args.verdict_ttl)
+    from dgemma_struct.runtime import resolve_device, resolve_dtype
+
+    resolve_dtype(config.dtype, resolve_device(config.device))   # bad names fail before the port check
+    if config.model and not os.path.isdir(config.model):
+        raise ModelLoadError(f"--model must be a local checkpoint directory; {config.model!r} is not one")
+    _check_bind(config.host, config.port)
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         print(f"warning: serving on {config.host} without --api-key", file=sys.stderr)
     try:
@@ -216,6 +303,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_THREADS, default=1)
     _add_device(p)
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("generate", help="one constrained generation from the shell (exit 0 ok, 1 no valid "
+                       "output, 2 usage)", description="Generates output that matches one spec. The value goes to "
+                       "stdout: JSON for --schema / --model-class, the text for the others. Exit status: 0 ok, "
+                       "1 no valid output (repairs exhausted, budget too small, timeout), 2 usage or input error.")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt; '-' or none: read it from stdin")
+    p.add_argument("--schema", metavar="FILE.json", help="a JSON Schema file ('-': stdin)")
+    p.add_argument("--model-class", metavar="pkg.module:Class", help="a pydantic model, imported from the current dir")
+    p.add_argument("--regex", help="a regular expression the whole output matches")
+    p.add_argument("--choice", metavar="a,b,c", help="comma-separated options; the output is one of them")
+    p.add_argument("--grammar", metavar="FILE.lark", help="a Lark grammar file")
+    p.add_argument("--grounded", action="store_true", help="grounded output: every string (a --regex match too) is "
+                   "a verbatim span of the prompt's document (the text after its first line, or the one-line prompt)")
+    p.add_argument("--source", metavar="FILE", help="grounded output with FILE as the document; with --schema or "
+                   "--model-class prints {value, spans}")
+    p.add_argument("--model", default=None, help="local checkpoint dir (default: the embedded model)")
+    p.add_argument("--mode", choices=("diffusion", "ar"), default="diffusion")
+    p.add_argument("--seed", type=_NONNEG_INT, default=0)
+    p.add_argument("--max-new-tokens", type=_POS_INT, default=None, help="token budget (default: the spec's)")
+    p.add_argument("--json-lines", action="store_true", help="one prompt per stdin line (a JSON string, "
+                   '{"prompt": ..., "source": ...} or text), run as one batch; one JSON line out per prompt')
+    p.add_argument("--confidence", action="store_true", help='print {"value": ..., "confidence": {pointer: p}}')
+    p.add_argument("--verbose", action="store_true", help="stats on stderr")
+    _add_device(p)
+    p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)")
     p.add_argument("--host", default=None, help="bind address (env DGEMMA_STRUCT_HOST; default 127.0.0.1)")

@@ -10,8 +10,10 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
 import numbers
 import threading
 import time
@@ -23,6 +25,7 @@ import torch
 from dgemma_struct.engine.autoregressive import autoregressive_loop
 from dgemma_struct.engine.canvas import LoopOutput, diffusion_loop
 from dgemma_struct.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
+from dgemma_struct.engine.devices import DTYPES, resolve_device, resolve_dtype  # noqa: F401 - re-exported
 from dgemma_struct.engine.hooks import StepHook
 from dgemma_struct.engine.token_logprobs import MAX_TOP_LOGPROBS, FreeTextLogprobs, kept_entries, named
 from dgemma_struct.prompts import (MODES, Prompt, chat_messages, check_max_new_tokens,
@@ -35,8 +38,6 @@ EMBEDDED_DIR = Path(__file__).parent / "embedded"
 _default_lock = threading.Lock()
 _default_runtimes: "dict[tuple[str, torch.dtype], DiffusionRuntime]" = {}
 
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
 
 
 def _line(err: BaseException) -> str:
@@ -45,51 +46,19 @@ def _line(err: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def resolve_device(device: "str | torch.device | None" = "auto") -> torch.device:
-    """``"auto"`` (or None): CUDA when available, else the CPU; ``"cpu"``, ``"cuda"``, ``"cuda:1"``
-    or a :class:`torch.device`. Raises :class:`ModelLoadError` (one line) for an unknown device, CUDA
-    on a machine without it, or an index past the last GPU.
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """transformers' "Loading weights" bar only when logging asks for it (``dgemma_struct`` at INFO)."""
+    from transformers.utils import logging as hf_logging
 
-    >>> resolve_device("cpu")
-    device(type='cpu')
-    """
-    if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    quiet = hf_logging.is_progress_bar_enabled() and not logging.getLogger("dgemma_struct").isEnabledFor(logging.INFO)
+    if quiet:
+        hf_logging.disable_progress_bar()
     try:
-        dev = device if isinstance(device, torch.device) else torch.device(str(device).strip().lower())
-    except (RuntimeError, ValueError, TypeError) as err:
-        raise ModelLoadError(f"unknown device {device!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
-    if dev.type == "cpu":
-        return torch.device("cpu")
-    if dev.type != "cuda":
-        raise ModelLoadError(f"unsupported device {str(dev)!r}; expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    if not torch.cuda.is_available():
-        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-        raise ModelLoadError(f"device {str(dev)!r} requested but CUDA is not available ({why}); use --device cpu")
-    count = torch.cuda.device_count()
-    if dev.index is not None and not 0 <= dev.index < count:
-        raise ModelLoadError(f"device {str(dev)!r} does not exist: this machine has {count} CUDA device(s)")
-    return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
-
-
-def resolve_dtype(dtype: "str | torch.dtype | None", device: torch.device) -> torch.dtype:
-    """``"auto"`` (or None): bfloat16 on CUDA, float32 elsewhere; ``"bf16"``/``"bfloat16"``,
-    ``"fp16"``/``"float16"``, ``"fp32"``/``"float32"`` or one of those torch dtypes. Anything else
-    raises :class:`ModelLoadError` (one line).
-
-    >>> resolve_dtype("auto", torch.device("cpu")), resolve_dtype("bf16", torch.device("cpu"))
-    (torch.float32, torch.bfloat16)
-    """
-    if dtype is None or (isinstance(dtype, str) and dtype.strip().lower() == "auto"):
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        if dtype in (torch.bfloat16, torch.float16, torch.float32):
-            return dtype
-        raise ModelLoadError(f"unsupported dtype {dtype}; expected bf16, fp16 or fp32")
-    key = str(dtype).strip().lower().removeprefix("torch.")
-    if key not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; expected 'auto', 'bf16', 'fp16' or 'fp32'")
-    return DTYPES[key]
+        yield
+    finally:
+        if quiet:
+            hf_logging.enable_progress_bar()
 
 
 ENCODE_CACHE_SIZE = 256   # a server counts a prompt's tokens, then generates from it: one template run
@@ -150,7 +119,8 @@ class DiffusionRuntime:
             raise ModelLoadError(f"{path_or_id!r} is a {getattr(config, 'model_type', '?')!r} checkpoint, "
                                  "not a DiffusionGemma one (model_type 'diffusion_gemma')")
         try:
-            model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path_or_id), dtype=dt, local_files_only=lfo)
+            with _quiet_loading():
+                model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path_or_id), dtype=dt, local_files_only=lfo)
             tokenizer = AutoTokenizer.from_pretrained(str(path_or_id), local_files_only=lfo)
             model = model.to(dev)
         except Exception as err:  # noqa: BLE001
@@ -223,17 +193,19 @@ class DiffusionRuntime:
 
     def split_output(self, row: torch.Tensor | Sequence[int], max_new_tokens: int) -> tuple[list[int], str]:
         """Generated ids up to (excluding) the first stop token, without pad, at most
-        ``max_new_tokens`` of them; and the finish reason: ``"stop"`` when a stop token ends the
-        output within the budget (the stop token counts as one of the ``max_new_tokens``, as in
-        vLLM), ``"length"`` when the budget is reached first (the canvas holds whole blocks, so the
-        loop may have produced more: it is cut)."""
+        ``max_new_tokens`` of them; and the finish reason: ``"stop"`` when a stop token, or pad to the
+        end of the row, ends the output within the budget (the stop token counts as one of the
+        ``max_new_tokens``, as in vLLM), ``"length"`` when the budget is reached first (the canvas holds
+        whole blocks, so the loop may have produced more: it is cut)."""
         ids = row.tolist() if isinstance(row, torch.Tensor) else list(row)
+        ends = {self.pad_token_id, *self.eos_token_ids}
+        last = max((i for i, t in enumerate(ids) if t not in ends), default=-1)   # past it: pad/stop only
         out: list[int] = []
-        for t in ids:
+        for i, t in enumerate(ids):
             if len(out) >= max_new_tokens:
                 return out, "length"
-            if t in self.eos_token_ids:
-                return out, "stop" if len(out) < max_new_tokens else "length"
+            if t in self.eos_token_ids or i > last:
+                return out, "stop"
             if t != self.pad_token_id:
                 out.append(t)
         return out, "length"

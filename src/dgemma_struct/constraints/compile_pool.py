@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pickle
 import signal
 import socket
@@ -80,7 +81,7 @@ class _Worker:
     def __init__(self, memory_mb: int | None, start_timeout_s: float):
         parent, child = socket.socketpair()
         code = (f"from dgemma_struct.constraints.compile_worker import worker_entry; "
-                f"worker_entry({child.fileno()}, {memory_mb!r})")
+                f"worker_entry({child.fileno()}, {memory_mb!r}, {os.getpid()})")
         try:
             self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(child.fileno(),),
                                          stdin=subprocess.DEVNULL, close_fds=True)

@@ -3,9 +3,13 @@ at a time, and the calls the pool sends (:func:`prepare` a tokenizer, :func:`pro
 Imported in a fresh interpreter; its address space is capped after start-up."""
 from __future__ import annotations
 
+import os
 import pickle
 import signal
+import threading
+import time
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 #: Longest error message a worker sends back.
@@ -30,9 +34,28 @@ def _limit_memory(memory_mb: int | None) -> None:
         pass
 
 
-def worker_entry(fd: int, memory_mb: int | None) -> None:
-    """The worker process's main loop (started by :class:`~.compile_pool.CompilePool`)."""
-    _worker_main(Connection(fd), memory_mb)
+def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Ends this process at once (status 0, no output) when ``parent_pid`` is no longer its parent:
+    a worker busy in a long compile would otherwise outlive a server that died. (Not
+    ``PR_SET_PDEATHSIG``: it fires when the *thread* that started the worker ends, and the pool
+    starts replacements from short-lived threads.)"""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="dgemma-struct-parent-watch").start()
+
+
+def worker_entry(fd: int, memory_mb: int | None, parent_pid: int | None = None) -> None:
+    """The worker process's main loop (started by :class:`~.compile_pool.CompilePool`). It exits
+    quietly, with status 0, when its parent goes away (a closed socket or a changed parent pid)."""
+    if parent_pid is not None:
+        watch_parent(parent_pid)
+    try:
+        _worker_main(Connection(fd), memory_mb)
+    except (EOFError, OSError):   # the parent closed the socket mid-send (BrokenPipeError): it is gone
+        os._exit(0)
 
 
 def _worker_main(conn: Any, memory_mb: int | None) -> None:
@@ -50,9 +73,10 @@ def _worker_main(conn: Any, memory_mb: int | None) -> None:
         if tok is not None and tok[0] not in _TOKENIZERS:
             _TOKENIZERS[tok[0]] = pickle.loads(tok[1])
         try:
-            conn.send(("ok", fn(*args, **kwargs)))
+            reply = ForkingPickler.dumps(("ok", fn(*args, **kwargs)))   # what conn.send pickles with
         except BaseException as err:  # noqa: BLE001 - PanicException is a BaseException
-            conn.send(("err", type(err).__module__, type(err).__name__, str(err)[:MAX_MESSAGE]))
+            reply = ForkingPickler.dumps(("err", type(err).__module__, type(err).__name__, str(err)[:MAX_MESSAGE]))
+        conn.send_bytes(reply)
 
 
 def prepare(tok_key: str, stop_token_ids: list[int], vocab_size: int | None) -> bool:

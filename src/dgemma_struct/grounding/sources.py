@@ -1,6 +1,6 @@
 """The source documents: chunks (what a span is made of), edges a free span may have, the number
 literals written in a text, where a found value occurs (:class:`GroundedSpan`), and the prompt's
-text as the default source."""
+document part (the text after its instruction line) as the default source."""
 from __future__ import annotations
 
 import re
@@ -82,7 +82,8 @@ def source_numbers(text: str) -> list[tuple[_NumberLit, int, int]]:
     return out
 
 
-def _prompt_text(prompt: Any) -> list[str]:
+def _user_texts(prompt: Any) -> list[str]:
+    """The prompt's text: itself, or the text of a chat prompt's user messages."""
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, (list, tuple)):
@@ -98,12 +99,40 @@ def _prompt_text(prompt: Any) -> list[str]:
     raise InvalidRequestError(f"a prompt must be text or a list of chat messages, not {type(prompt).__name__}")
 
 
+def document_part(text: str) -> str:
+    """The document in an instruction-then-document text: what follows the first line, when both the
+    first line and the rest hold text; else the whole text (a one-line prompt is its own document).
+
+    >>> document_part("Extract the name as JSON.\\nAlice Gomez is 51.")
+    'Alice Gomez is 51.'
+    >>> document_part("Alice Gomez is 51.")
+    'Alice Gomez is 51.'
+    """
+    head, sep, tail = text.partition("\n")
+    return tail if sep and head.strip() and tail.strip() else text
+
+
+def default_sources(prompt: Any) -> list[str]:
+    """The documents a prompt grounds in when no ``source`` is given: a text prompt's document part
+    (:func:`document_part`: the instruction on its first line is not a source); for a chat prompt,
+    the user messages, each cut the same way unless a system or developer message carries the
+    instruction (then each user message is a document whole)."""
+    texts = _user_texts(prompt)
+    instructed = isinstance(prompt, (list, tuple)) and any(
+        isinstance(m, dict) and m.get("role") in ("system", "developer") for m in prompt)
+    return texts if instructed else [document_part(t) for t in texts]
+
+
 def grounded_sources(prompt: Any = None, source: str | Sequence[str] | None = None) -> tuple[str, ...]:
     """The documents grounded values come from: ``source`` (one text or a list of texts), else the
-    prompt's text (the user messages of a chat prompt). Raises :class:`GroundingError` when there
-    is no non-blank text to ground on."""
+    prompt's document part (:func:`default_sources`: the text after an instruction line). Raises
+    :class:`GroundingError` when there is no non-blank text to ground on.
+
+    >>> grounded_sources("Extract the customer as JSON.\\nOrder 7 for Ada Byron.")
+    ('Order 7 for Ada Byron.',)
+    """
     if source is None:
-        docs = _prompt_text(prompt) if prompt is not None else []
+        docs = default_sources(prompt) if prompt is not None else []
     elif isinstance(source, str):
         docs = [source]
     elif isinstance(source, (list, tuple)):
@@ -153,7 +182,7 @@ class Doc:
 def prompt_with_sources(prompt: Any, docs: Sequence[str]) -> Any:
     """The prompt, with every source document it does not already contain appended (the model
     must see what it copies from)."""
-    present = "\n".join(_prompt_text(prompt))
+    present = "\n".join(_user_texts(prompt))
     extra = [d for d in docs if d not in present]
     if not extra:
         return prompt

@@ -1,0 +1,137 @@
+"""``serve``'s failure paths end in one ``error:`` line and exit 2, before the model loads, and leave
+no process behind; a compile worker whose parent dies exits quietly (no BrokenPipeError traceback
+after the shell prompt is back), whether it was starting or idle."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+
+def _env(mark: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DGEMMA_STRUCT_")}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", DGEMMA_TEST_MARK=mark)
+    return env
+
+
+def _marked(mark: str) -> list[int]:
+    """Live processes started under this test's mark (children inherit the environment)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"DGEMMA_TEST_MARK={mark}".encode() in environ.split(b"\0") and state != "Z":
+            pids.append(int(proc.name))
+    return pids
+
+
+def _none_left(mark: str, wait_s: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + wait_s
+    while (left := _marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _serve(args: list[str], mark: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dgemma_struct.cli", "serve", *args], capture_output=True,
+                          text=True, timeout=300, env=_env(mark))
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess, needle: str) -> None:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr[-2000:]
+
+
+def test_busy_port_is_one_line_before_loading_and_leaves_nothing():
+    mark = uuid.uuid4().hex
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _serve(["--port", str(port), "--device", "cpu"], mark)
+    _one_line_exit_2(proc, f"cannot listen on 127.0.0.1:{port}")
+    assert proc.stdout == ""
+    assert _none_left(mark) == []
+
+
+def test_bad_model_dir_fails_before_the_port_check(tmp_path):
+    mark = uuid.uuid4().hex
+    with socket.socket() as busy:   # the model error wins: it names the real problem
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proc = _serve(["--port", str(busy.getsockname()[1]), "--model", str(tmp_path / "nope")], mark)
+    _one_line_exit_2(proc, "is not one")
+    assert _none_left(mark) == []
+
+
+def test_an_empty_model_dir_is_one_line(tmp_path):
+    mark = uuid.uuid4().hex
+    proc = _serve(["--port", "0", "--model", str(tmp_path), "--device", "cpu"], mark)
+    _one_line_exit_2(proc, "cannot load a config")
+    assert _none_left(mark) == []
+
+
+# A parent that starts compile workers and then dies: while a worker is still starting (its "ready"
+# meets a closed socket) and after it is idle (nothing to read, the parent pid changes).
+_PARENT = textwrap.dedent("""
+    import os, sys, threading, time
+    from dgemma_struct.constraints.compile_pool import CompilePool
+    pool = CompilePool(size=1, memory_mb=None)
+    if sys.argv[1] == "idle":
+        pool.warm(1)
+    else:
+        threading.Thread(target=pool.warm, args=(1,), daemon=True).start()
+        time.sleep(0.3)
+    print("parent going", flush=True)
+    os._exit(0)
+""")
+
+
+def _orphan_check(when: str) -> None:
+    mark = uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-c", _PARENT, when], capture_output=True, text=True, timeout=300,
+                          env=_env(mark))   # returns once every holder of the pipes (the worker too) is gone
+    assert proc.returncode == 0 and proc.stdout == "parent going\n", proc.stderr[-2000:]
+    assert proc.stderr == "", proc.stderr[-2000:]
+    assert _none_left(mark) == []
+
+
+def test_a_starting_worker_exits_quietly_when_its_parent_dies():
+    _orphan_check("starting")
+
+
+def test_an_idle_worker_exits_when_its_parent_dies():
+    _orphan_check("idle")
+
+
+def test_a_busy_worker_exits_when_its_parent_is_killed():
+    """The parent-watch: a worker inside a long call (socket still open in no one) ends within a second."""
+    mark = uuid.uuid4().hex
+    code = textwrap.dedent("""
+        import os, signal, time
+        from dgemma_struct.constraints.compile_pool import CompilePool
+        pool = CompilePool(size=1, memory_mb=None)
+        pool.warm(1)
+        import threading
+        threading.Thread(target=lambda: pool.run(time.sleep, 60, timeout_s=120), daemon=True).start()
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_env(mark))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert _none_left(mark) == []
+    assert time.monotonic() - started < 55   # not the 60 s sleep: the worker did not finish its call

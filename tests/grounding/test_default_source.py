@@ -1,0 +1,45 @@
+"""Grounded extraction's default source is the prompt's document part, not its instruction: with
+"Extract the customer, email, order_id ..." on the first line, no value may be copied from it."""
+import pytest
+
+from dgemma_struct.errors import GroundingError
+from dgemma_struct.grounding import generate_grounded, grounded_sources
+from dgemma_struct.testing import embedded_model_available
+
+INSTRUCTION = "Extract the customer, email, order_id and total as JSON."
+DOC = "Order ORD-48213 was placed by Maria Keller (maria.keller@shop.net) for 129 EUR."
+
+
+def test_text_prompt_grounds_in_the_text_after_the_instruction_line():
+    assert grounded_sources(f"{INSTRUCTION}\n{DOC}") == (DOC,)
+    assert grounded_sources(f"{INSTRUCTION}\n{DOC}\nSecond line.") == (f"{DOC}\nSecond line.",)
+
+
+def test_one_line_prompt_is_its_own_document():
+    assert grounded_sources(DOC) == (DOC,)
+    assert grounded_sources(f"{DOC}\n   ") == (f"{DOC}\n   ",)   # nothing after the first line
+
+
+def test_chat_prompts():
+    user = {"role": "user", "content": f"{INSTRUCTION}\n{DOC}"}
+    assert grounded_sources([user]) == (DOC,)
+    system = {"role": "system", "content": INSTRUCTION}
+    doc_msg = {"role": "user", "content": f"Header line\n{DOC}"}
+    assert grounded_sources([system, doc_msg]) == (f"Header line\n{DOC}",)   # instruction lives in system
+
+
+def test_explicit_source_is_used_as_given():
+    assert grounded_sources(f"{INSTRUCTION}\n{DOC}", source=INSTRUCTION) == (INSTRUCTION,)
+    with pytest.raises(GroundingError):
+        grounded_sources(f"{INSTRUCTION}\n   ", source="  ")
+
+
+@pytest.mark.skipif(not embedded_model_available(), reason="embedded checkpoint missing")
+def test_no_value_comes_from_the_instruction():
+    schema = {"type": "object", "properties": {"customer": {"type": "string"}, "email": {"type": "string"},
+                                               "order_id": {"type": "string"}},
+              "required": ["customer", "email", "order_id"]}
+    res = generate_grounded(f"{INSTRUCTION}\n{DOC}", schema, ground="strings", seed=0)
+    assert res.sources == (DOC,)
+    for span in res.spans:
+        assert DOC[span.start:span.end] == span.text and span.text in DOC
