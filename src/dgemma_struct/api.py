@@ -251,7 +251,9 @@ class Generator:
             raise InvalidRequestError("spec is None: pass a pydantic model, a JSON Schema, Regex, Grammar or Choice")
         o = self.options
         self.constraint = constraint_for(spec, self.runtime, strict=o.strict, whitespace=o.whitespace,
-                                         separators=o.separators, strict_objects=o.strict_objects)
+                                         separators=o.separators, strict_objects=o.strict_objects,
+                                         bounded_numbers=o.bounded_numbers,
+                                         field_budget=o.max_new_tokens if o.field_budget else None)
 
     def __call__(self, prompt: Prompt, **knobs: Any) -> Any:
         """The value for ``prompt`` (a list of ``n`` values, or results, as :func:`generate`)."""

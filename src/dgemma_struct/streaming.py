@@ -22,7 +22,8 @@ from dgemma_struct.scheduling.run import stream_session
 from dgemma_struct.runtime import DiffusionRuntime
 
 # the knobs ``stream`` takes as keywords (the loop is diffusion; one repair, no fallback)
-STREAM_KNOBS = ("max_new_tokens", "seed", "strict", "strict_objects", "whitespace", "timeout_s", "separators")
+STREAM_KNOBS = ("max_new_tokens", "seed", "strict", "strict_objects", "whitespace", "timeout_s", "separators",
+                "bounded_numbers", "field_budget")
 _STREAM_FIXED = dict(mode="diffusion", max_repairs=1, fallback=False, n=1, return_details=False)
 
 

@@ -7,6 +7,7 @@ cache bounded by count and estimated bytes.
 """
 from __future__ import annotations
 
+import datetime
 import enum
 import hashlib
 import json
@@ -27,6 +28,7 @@ from .schema_checks import with_spec_formats
 from .specs import Choice, Grammar, JsonSchema, Regex
 from .strict_objects import close_objects
 from .tokenizer import TokenizerInfo, get_tokenizer_info
+from .type_rules import typed_json_schema
 
 __all__ = ["compile_constraint", "cache_info", "cache_clear"]
 
@@ -81,7 +83,7 @@ def _type_spec(spec: Any) -> Any:
     from pydantic import TypeAdapter
     try:
         ad = TypeAdapter(spec)
-        schema = ad.json_schema()
+        schema = typed_json_schema(ad)
     except Exception as e:
         raise SchemaError(f"cannot derive a JSON Schema from {spec!r}: {e}") from None
     return _TypeSpec(schema, ad)
@@ -96,9 +98,10 @@ def _canon(obj: Any) -> str:
 # ----------------------------------------------------------------------------------------------
 def _compile_json(schema: Any, info: TokenizerInfo, *, strict: bool, whitespace: str,
                   separators: tuple[str, str] | None, adapter: Any = None, desc: str = "json schema",
-                  checked: bool = False) -> Constraint:
+                  checked: bool = False, bounded_numbers: bool = False, field_budget: int | None = None) -> Constraint:
     plan: JsonPlan = prepare_json_schema(schema, info.lltok, strict=strict, whitespace=whitespace,
-                                         separators=separators, limits=parser_limits(), checked=checked)
+                                         separators=separators, limits=parser_limits(), checked=checked,
+                                         bounded_numbers=bounded_numbers, field_budget=field_budget)
     return Constraint(ConstraintKind.JSON, plan.grammar, info, schema=plan.schema,
                       semantic_keywords=plan.semantic_keywords,
                       validator=JsonValidator(with_spec_formats(make_validator(plan.schema)), adapter),
@@ -143,10 +146,11 @@ def _normalise(spec: Any, keyed: bool = True) -> tuple[ConstraintKind, Any, Any,
     if _is_pydantic_model(spec):
         from pydantic import TypeAdapter
         try:
-            schema = spec.model_json_schema()
+            schema = typed_json_schema(spec)
         except Exception as e:
             raise SchemaError(f"cannot derive a JSON Schema from {spec.__name__}: {e}") from None
-        key = f"pydantic:{spec.__module__}.{spec.__qualname__}:{id(spec)}"
+        # the day: PastDate / FutureDate rules read today (type_rules)
+        key = f"pydantic:{spec.__module__}.{spec.__qualname__}:{id(spec)}:{datetime.date.today().toordinal()}"
         return ConstraintKind.JSON, schema, TypeAdapter(spec), key
     o = _outlines_to_spec(spec)
     if o is not None:
@@ -154,7 +158,7 @@ def _normalise(spec: Any, keyed: bool = True) -> tuple[ConstraintKind, Any, Any,
     t = _type_spec(spec)
     if isinstance(t, Choice):
         return _normalise(t, keyed)
-    return ConstraintKind.JSON, t.schema, t.adapter, f"type:{spec!r}:{id(spec)}"
+    return ConstraintKind.JSON, t.schema, t.adapter, f"type:{spec!r}:{id(spec)}:{datetime.date.today().toordinal()}"
 
 
 _CACHE_MAX = 128
@@ -184,7 +188,8 @@ def cache_clear() -> None:
 def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False, whitespace: str = "compact",
                        stop_token_ids: Sequence[int] | None = None, separators: tuple[str, str] | None = None,
                        vocab_size: int | None = None, use_cache: bool = True,
-                       strict_objects: bool | None = None) -> Constraint:
+                       strict_objects: bool | None = None, bounded_numbers: bool = False,
+                       field_budget: int | None = None) -> Constraint:
     """Compile ``spec`` for ``tokenizer`` (a HF fast tokenizer, an ``LLTokenizer`` or a
     :class:`TokenizerInfo`).
 
@@ -194,7 +199,11 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
     embedding is larger than the tokenizer (extra ids are never allowed). ``strict_objects``: objects
     that declare ``properties`` forbid undeclared keys (:func:`~.strict_objects.close_objects`);
     ``None`` (default): strict for pydantic models and python types, JSON Schema's meaning for raw
-    schema dicts. Results are cached
+    schema dicts. ``bounded_numbers``: JSON numbers no longer than their type holds (an unbounded integer
+    within ±(2**53 - 1), a number within 17 digits before the point); ``field_budget``: the request's
+    ``max_new_tokens``, from which plain strings without ``maxLength`` get a length bound
+    (:mod:`.field_bounds`; bucketed to a power of two, the cache is keyed by the bucket). Both narrow the
+    grammar only and default off here (JSON Schema's meaning); ``GenerateOptions`` turns them on. Results are cached
     (LRU bounded by count and by estimated bytes, ``compile_constraint.cache_info()``)."""
     if tokenizer is None:
         raise ConstraintError("compile_constraint needs a tokenizer")
@@ -203,12 +212,18 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
     kind, payload, adapter, key = _normalise(spec, keyed=use_cache)
     if strict_objects is not None and not isinstance(strict_objects, bool):
         raise ConstraintError(f"strict_objects must be a bool or None, got {strict_objects!r}")
-    for name, flag in (("strict", strict), ("use_cache", use_cache)):
+    if field_budget is not None and (isinstance(field_budget, bool) or not isinstance(field_budget, int)
+                                     or field_budget < 1):
+        raise ConstraintError(f"field_budget must be a positive int or None, got {field_budget!r}")
+    for name, flag in (("strict", strict), ("use_cache", use_cache), ("bounded_numbers", bounded_numbers)):
         if not isinstance(flag, bool):
             raise ConstraintError(f"{name} must be a bool, got {flag!r}")
     closed = (adapter is not None) if strict_objects is None else strict_objects
     closed = closed and kind is ConstraintKind.JSON
-    ck = (key, info.key, strict, whitespace, tuple(separators) if separators else None, closed)
+    json_kind = kind is ConstraintKind.JSON
+    budget = 1 << (field_budget.bit_length() - 1) if field_budget and json_kind else None  # a power of two
+    ck = (key, info.key, strict, whitespace, tuple(separators) if separators else None, closed,
+          bounded_numbers and json_kind, budget)
     if use_cache:
         hit = _cache.get(ck)
         if hit is not None:
@@ -224,7 +239,8 @@ def compile_constraint(spec: Any, tokenizer: Any = None, *, strict: bool = False
         if closed:
             payload = close_objects(payload)
         c = _compile_json(payload, info, strict=strict, whitespace=whitespace, separators=separators,
-                          adapter=adapter, desc=desc, checked=adapter is None)  # _normalise checked dicts
+                          adapter=adapter, desc=desc, checked=adapter is None,  # _normalise checked dicts
+                          bounded_numbers=bounded_numbers, field_budget=budget)
     if use_cache:
         _cache.put(ck, c)
     return c

@@ -24,9 +24,11 @@ from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
+from .field_bounds import bound_fields
 from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
                        has_wide_number, is_ecma_regex)
 from .regex_ascii import as_written, re_pattern, re_schema
+from .type_rules import EMAIL_GRAMMAR_PATTERN, GRAMMAR_KEY, grammar_form  # noqa: F401 (tests)
 from .safety import check_schema_input, clip, engine_guard, is_limit_error, written_here
 from .schema_checks import check_schema, format_checks, is_number, iter_subschemas, spec_format_valid
 
@@ -154,20 +156,7 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
 
 #: the keywords :func:`_grammar_copy` may rewrite
 _REWRITTEN = frozenset(("minProperties", "exclusiveMinimum", "exclusiveMaximum", "items", "dependencies", "multipleOf",
-                        "format"))
-
-# The grammar copy's ``format: email``: llguidance's email regex has no length limits, so a model that
-# rambles in the local part writes grammar-valid addresses that the RFC 5321 check (local part <= 64
-# octets) rejects, and repairs repeat it. This dot-atom form is a subset of what :func:`_is_email` accepts:
-# local part <= 32 + 2 * 16 = 64, domain labels <= 31 without "--", at most 5 labels, a letter-led top
-# label, or an IPv4 address literal ("a@[127.0.0.1]", dotted decimal without leading zeros).
-_EMAIL_ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]"
-_EMAIL_LABEL = r"[A-Za-z0-9](?:-?[A-Za-z0-9]){0,15}"  # no "--": "ab--c" reads as an IDNA label
-_EMAIL_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-EMAIL_GRAMMAR_PATTERN = (rf"^{_EMAIL_ATEXT}{{1,32}}(?:\.{_EMAIL_ATEXT}{{1,15}}){{0,2}}"
-                         rf"@(?:(?:{_EMAIL_LABEL}\.){{1,4}}[A-Za-z](?:-?[A-Za-z0-9]){{0,15}}"
-                         rf"|\[{_EMAIL_OCTET}(?:\.{_EMAIL_OCTET}){{3}}\])$")
-
+                        "format", GRAMMAR_KEY))
 
 _EXTREME = re.compile(r"\d{19}|e[-+]")  # text that may hold an extreme bound (see literals.drop_extreme_bounds)
 
@@ -190,9 +179,7 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
             if wide:
                 drop_wide_literals(s, dropped, wide != "ints", path, marks)
             continue
-        if s.get("format") in ("email", "idn-email") and "pattern" not in s:
-            s.pop("format")  # still validated (format assertion)
-            s["pattern"] = EMAIL_GRAMMAR_PATTERN
+        grammar_form(s)  # a type's rule (x-grammar), a format llguidance reads too wide (email, date)
         mp = s.get("minProperties")
         if (is_number(mp) and mp > 0 and isinstance(s.get("properties"), dict) and s["properties"]
                 and s.get("additionalProperties", True) is not False
@@ -299,8 +286,10 @@ def _exact_literals(g: Any, marks: list, opts: dict, lltok: Any, limits: Any, gr
 
 def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whitespace: str = "compact",
                         separators: tuple[str, str] | None = None, limits: Any = None,
-                        checked: bool = False) -> JsonPlan:
-    """``checked``: the caller already ran :func:`~.safety.check_schema_input` on ``schema``."""
+                        checked: bool = False, bounded_numbers: bool = False,
+                        field_budget: int | None = None) -> JsonPlan:
+    """``checked``: the caller already ran :func:`~.safety.check_schema_input` on ``schema``;
+    ``bounded_numbers`` / ``field_budget``: the runaway guards of :func:`~.field_bounds.bound_fields`."""
     if isinstance(schema, (str, bytes)):
         try:
             schema = json.loads(schema)
@@ -333,6 +322,8 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
     semantic: list[str] = []
     marks: list = []
     g = _grammar_copy(schema, semantic, wide, text, marks) if isinstance(schema, dict) else {}
+    if bounded_numbers or field_budget or "x-max-" in text:
+        bound_fields(g, numbers=bounded_numbers, budget=field_budget)
     if wide and has_wide_number(g, floats=wide != "ints"):  # somewhere the grammar copy could not drop it: never hand it to the engine
         raise SchemaError("the schema holds an integer beyond the 64-bit range (|v| >= 2**63) where it cannot be "
                           "left to validation")

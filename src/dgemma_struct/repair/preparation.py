@@ -35,7 +35,8 @@ def resolve_runtime(runtime: DiffusionRuntime | None) -> DiffusionRuntime:
 
 def constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False,
                    whitespace: str = "compact", separators: tuple[str, str] | None = None,
-                   strict_objects: bool | None = None) -> Constraint:
+                   strict_objects: bool | None = None, bounded_numbers: bool = False,
+                   field_budget: int | None = None) -> Constraint:
     """Compile ``spec`` for ``runtime``'s tokenizer. EOS is every id of the runtime's stop set
     (the generation config's ``eos_token_id``, e.g. ``[1, 106, 50]`` on the real checkpoint):
     whichever of them the model writes after a complete value ends it, and none is ever part of
@@ -49,7 +50,8 @@ def constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False
     return compile_constraint(spec, tokenizer=runtime.tokenizer, strict=strict, whitespace=whitespace,
                               stop_token_ids=runtime.eos_token_ids, separators=separators,
                               vocab_size=runtime.model.config.text_config.vocab_size,
-                              strict_objects=strict_objects)
+                              strict_objects=strict_objects, bounded_numbers=bounded_numbers,
+                              field_budget=field_budget)
 
 
 _POOL: Any = None
@@ -88,7 +90,8 @@ def _probe_form(spec: Any) -> Any:
 
 def isolated_constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: bool = False,
                             whitespace: str = "compact", separators: tuple[str, str] | None = None,
-                            strict_objects: bool | None = None) -> Constraint:
+                            strict_objects: bool | None = None, bounded_numbers: bool = False,
+                            field_budget: int | None = None) -> Constraint:
     """:func:`constraint_for`, with the compile first run in a worker process (``isolate_compile=True``):
     a native crash or a runaway compile there is a typed error
     (:class:`~dgemma_struct.errors.ConstraintEngineError` / ``ConstraintCompileTimeout``) instead of
@@ -102,7 +105,7 @@ def isolated_constraint_for(spec: Any, runtime: DiffusionRuntime, *, strict: boo
                              vocab_size=runtime.model.config.text_config.vocab_size, strict=bool(strict),
                              whitespace=whitespace, timeout_s=ISOLATED_COMPILE_TIMEOUT_S)
     return constraint_for(spec, runtime, strict=strict, whitespace=whitespace, separators=separators,
-                          strict_objects=strict_objects)
+                          strict_objects=strict_objects, bounded_numbers=bounded_numbers, field_budget=field_budget)
 
 
 def apply_thinking(constraint: Constraint, prompt: Prompt, rt: DiffusionRuntime, thinking: Any,
@@ -131,7 +134,8 @@ def prepare(prompt: Prompt, spec: Any, runtime: DiffusionRuntime | None, opts: G
         raise InvalidRequestError("spec is None: pass a pydantic model, a JSON Schema, Regex, Grammar or Choice")
     compile_fn = isolated_constraint_for if opts.isolate_compile else constraint_for
     constraint = compile_fn(spec, rt, strict=opts.strict, whitespace=opts.whitespace, separators=opts.separators,
-                            strict_objects=opts.strict_objects)
+                            strict_objects=opts.strict_objects, bounded_numbers=opts.bounded_numbers,
+                            field_budget=opts.max_new_tokens if opts.field_budget else None)
     constraint, prompt = apply_thinking(constraint, prompt, rt, opts.thinking, opts.max_thinking_tokens)
     need = max(min_tokens_for(constraint), 0)  # from the schema's bounds: milliseconds, before any walking
     if need <= opts.max_new_tokens:

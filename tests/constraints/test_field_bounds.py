@@ -1,0 +1,79 @@
+"""Runaway guards (issue #32): numbers no longer than their type, per-field string budgets and the
+``x-max-chars`` / ``x-max-tokens`` extensions -- the grammar narrows, validation keeps the schema, and a
+satisfiable schema stays satisfiable."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dgemma_struct.constraints import compile_constraint
+from dgemma_struct.constraints.field_bounds import INT_BOUND, field_chars
+from dgemma_struct.errors import ConstraintError
+
+OBJ = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                        "score": {"type": "number"}}, "required": ["name", "age", "score"]}
+
+
+def _text(name="Ann", age=3, score=1.5):
+    return '{"name":%s,"age":%s,"score":%s}' % (json.dumps(name), age, score)
+
+
+def test_numbers_are_bounded_only_when_asked(hf_tok):
+    long_int, long_float = "1" * 40, "1" * 30 + ".5"
+    plain = compile_constraint(OBJ, tokenizer=hf_tok)
+    bounded = compile_constraint(OBJ, tokenizer=hf_tok, bounded_numbers=True)
+    assert plain.grammar_accepts(_text(age=long_int)) and plain.grammar_accepts(_text(score=long_float))
+    assert not bounded.grammar_accepts(_text(age=long_int)) and not bounded.grammar_accepts(_text(score=long_float))
+    for ok in (_text(), _text(age=INT_BOUND), _text(age=-INT_BOUND), _text(score="-1234567890123456.25")):
+        assert bounded.grammar_accepts(ok) and bounded.matches(ok), ok
+    assert not bounded.grammar_accepts(_text(age=INT_BOUND + 1))
+
+
+def test_bounded_numbers_keep_the_schema_bounds(hf_tok):
+    schema = {"type": "integer", "minimum": 10 ** 12, "maximum": 10 ** 12 + 5}
+    c = compile_constraint(schema, tokenizer=hf_tok, bounded_numbers=True)
+    assert c.grammar_accepts(str(10 ** 12 + 3)) and not c.grammar_accepts("3")
+    one_sided = compile_constraint({"type": "integer", "minimum": 5}, tokenizer=hf_tok, bounded_numbers=True)
+    assert one_sided.grammar_accepts("6") and not one_sided.grammar_accepts("4")
+    assert not one_sided.grammar_accepts("1" * 17)
+
+
+def test_a_plain_string_gets_its_share_of_the_budget(hf_tok):
+    cap = field_chars(64, 3)
+    c = compile_constraint(OBJ, tokenizer=hf_tok, field_budget=64)
+    assert c.grammar_accepts(_text(name="x" * cap)) and not c.grammar_accepts(_text(name="x" * (cap + 1)))
+    assert c.validate_text(_text(name="x" * (cap + 1))).ok  # validation keeps the schema
+    wide = compile_constraint(OBJ, tokenizer=hf_tok, field_budget=512)
+    assert wide.grammar_accepts(_text(name="x" * (cap + 1)))
+
+
+def test_a_budget_never_makes_a_schema_unsatisfiable(hf_tok):
+    schema = {"type": "object", "properties": {"a": {"type": "string", "minLength": 200},
+                                               "b": {"type": "string", "pattern": "^x{300}$"}},
+              "required": ["a", "b"]}
+    c = compile_constraint(schema, tokenizer=hf_tok, field_budget=16)
+    text = json.dumps({"a": "y" * 200, "b": "x" * 300}, separators=(",", ":"))
+    assert c.grammar_accepts(text) and c.matches(text)
+
+
+def test_budget_buckets_share_a_cache_entry(hf_tok):
+    a = compile_constraint(OBJ, tokenizer=hf_tok, field_budget=100)
+    assert compile_constraint(OBJ, tokenizer=hf_tok, field_budget=127) is a
+    assert compile_constraint(OBJ, tokenizer=hf_tok, field_budget=128) is not a
+
+
+@pytest.mark.parametrize("kw", ["x-max-chars", "x-max-tokens"])
+def test_length_extensions(hf_tok, kw):
+    schema = {"type": "object", "properties": {"note": {"type": "string", kw: 5}}, "required": ["note"]}
+    c = compile_constraint(schema, tokenizer=hf_tok)
+    assert c.grammar_accepts('{"note":"abcde"}') and not c.grammar_accepts('{"note":"abcdef"}')
+    assert c.validate_text('{"note":"abcdef"}').ok
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, "64", 1.5])
+def test_bad_field_budget_is_a_typed_error(hf_tok, bad):
+    with pytest.raises(ConstraintError):
+        compile_constraint(OBJ, tokenizer=hf_tok, field_budget=bad)
+    with pytest.raises(ConstraintError):
+        compile_constraint(OBJ, tokenizer=hf_tok, bounded_numbers="yes")
