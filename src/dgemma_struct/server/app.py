@@ -1,5 +1,5 @@
 """The OpenAI-compatible FastAPI app: ``/v1/chat/completions``, ``/v1/completions``,
-``/v1/models``, the probes ``/health`` (readiness with counters), ``/health/live``,
+``/v1/responses`` (:mod:`.responses_api`), ``/v1/models``, the probes ``/health`` (readiness with counters), ``/health/live``,
 ``/health/ready`` and the Prometheus ``/metrics``. Routes and error handlers only; a request's
 work is :func:`.completions.run`, the response bodies are the models of :mod:`.responses`, the
 outer layer (request ids, drain, ``Retry-After``) is :mod:`.edge`, readiness is :mod:`.lifecycle`.
@@ -31,6 +31,7 @@ from .lifecycle import Lifecycle, warm_up
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, prompt_of_messages, spec_of
 from .responses import ChatCompletion, Completion, Health, ModelCard, ModelList, error_responses, json_response
+from .responses_api import ResponsesRequest, respond
 from .state import ServerState
 from .verdicts import Verdicts
 from .tool_calls import chat_prompt, tool_request_of
@@ -134,6 +135,13 @@ def create_app(runtime: DiffusionRuntime | None = None, config: ServerConfig | N
             raise APIError(400, f"at most {config.max_prompts_per_request} prompts per request", param="prompt",
                            code="too_many_prompts")
         return await run_completion(state(), body, prompts, chat=False, request=request)
+
+    @app.post("/v1/responses", summary="OpenAI's Responses API (text, json_schema, function and custom tools)",
+              responses={200: {"content": {"application/json": {}, "text/event-stream": {}},
+                               "description": "a response object, or with ``stream: true`` its events"},
+                         **_GENERATION_ERRORS})
+    async def responses(body: ResponsesRequest, request: Request):
+        return await respond(state(), body, request)
 
     @app.get("/v1/models", response_model=ModelList, responses=error_responses(401, 503))
     async def models():

@@ -45,7 +45,8 @@ _CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "g
                       "guided_grammar", "max_tokens", "max_completion_tokens", "max_thinking_tokens", "stop")
 _CONSTRAINT_HINTS = ("guided", "structured", "schema", "regex", "grammar", "response_format", "max_")
 #: unknown to the request models but read elsewhere (tool calling) or documented as accepted and ignored
-_QUIET = frozenset({"tool_choice", "parallel_tool_calls", "functions", "function_call", "presence_penalty",
+_QUIET = frozenset({"tool_choice", "parallel_tool_calls", "functions", "function_call", "max_tool_calls",
+                    "allowed_tools", "presence_penalty",
                     "frequency_penalty", "logit_bias", "guided_decoding_backend"})
 _NESTED = {"response_format": ("type", "json_schema", "schema"),
            "response_format.json_schema": ("name", "description", "schema", "strict"),
@@ -119,8 +120,9 @@ async def _gather(coros: list[Any], request: Request | None, param: str | None) 
     return results
 
 
-def _row(state: ServerState, r: Any, stops: list[str]) -> tuple[str, str, int, Any]:
-    """(text, finish_reason, completion tokens, stats dict) of one generated row."""
+def row_of(state: ServerState, r: Any, stops: list[str]) -> tuple[str, str, int, Any]:
+    """(text, finish_reason, completion tokens, stats dict) of one generated row (a result, or the
+    :class:`LengthError` of a row that ran out of budget)."""
     if isinstance(r, LengthError):
         # as OpenAI: a constrained answer that cannot complete within max_tokens is a 200 with
         # finish_reason "length" and the text so far (never a value claimed to be complete)
@@ -169,6 +171,7 @@ class _Plan:
     thinking: Any
     estimator: str | None    # choice probabilities: the estimator asked for
     use_tools: bool
+    confidence: bool = False  # ``field_confidence``: per-field confidence of a JSON answer
 
 
 def _plan(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, tool_req: Any) -> _Plan:
@@ -206,9 +209,13 @@ def _plan(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, tool_
         state.check_thinking(think_param)
         if spec is None:                     # free text after the thought (stop sequences still apply)
             spec = Regex(_FREE_TEXT)
+    confidence = bool(getattr(req, "field_confidence", None))
+    if confidence and (use_tools or spec is None or thinking is not False):
+        raise APIError(400, "field_confidence needs an output constraint (response_format, guided_*), without tools or "
+                            "thinking", param="field_confidence", code="unsupported_parameter")
     return _Plan(chat=chat, top=top, max_tokens=max_tokens, n=req.n or 1, spec=spec, param=param,
                  stops=[] if use_tools else stops, thinking=thinking, estimator=estimator,
-                 use_tools=use_tools)
+                 use_tools=use_tools, confidence=confidence)
 
 
 async def _constraints(state: ServerState, req: Any, plan: _Plan, prompts: list[Any],
@@ -231,10 +238,35 @@ async def _constraints(state: ServerState, req: Any, plan: _Plan, prompts: list[
     return [await state.compile(plan.spec, plan.param)] * len(prompts), prompts, None
 
 
+@dataclass
+class Ran:
+    """A request's finished rows, ready to answer (:func:`run`'s JSON / stream, or the Responses API's)."""
+    plan: _Plan
+    prompts: list[Any]
+    results: list[Any]       # per row (n per prompt): a result, or the LengthError of a row out of budget
+    row_specs: list[Any]     # per row: its constraint
+    grounded: bool
+    thinks: bool
+    prompt_total: int        # prompt tokens over all rows
+
+
 async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None,
               tool_req: Any = None) -> Any:
     """Answer a chat (``chat=True``) or text completion request for ``prompts``: a JSON response,
     an SSE stream, or 499 when the client went away. Bad requests raise :class:`APIError`."""
+    ran = await execute(state, req, prompts, chat=chat, request=request, tool_req=tool_req)
+    if not isinstance(ran, Ran):
+        return ran
+    if ran.plan.use_tools:                                                            # 6. answer
+        return _tool_answer(state, req, ran.results, tool_req, prompt_total=ran.prompt_total)
+    return await _answer(state, req, ran.plan, ran.prompts, ran.results, ran.row_specs, ran.grounded, ran.thinks,
+                         ran.prompt_total)
+
+
+async def execute(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, request: Request | None = None,
+                  tool_req: Any = None) -> Ran | Response:
+    """Check, compile and run a request's rows on the batcher: its :class:`Ran`, or the response
+    itself (a live stream; 499 when the client went away). Bad requests raise :class:`APIError`."""
     plan = _plan(state, req, prompts, chat=chat, tool_req=tool_req)                  # 1. check
     specs, prompts, grounded = await _constraints(state, req, plan, prompts, tool_req)  # 2. compile
     n_prompt = await _rendered(lambda: [state.prompt_tokens(p) for p in prompts])     # 3. template, count
@@ -243,7 +275,8 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
             check_context(n_prompt[0], plan.max_tokens, state.runtime.max_context, tool_req)
         except DgemmaStructError as err:
             raise api_error_for(err) from None
-    opts = generation_options(req, max_tokens=plan.max_tokens, thinking=plan.thinking, logprobs=plan.top)  # 4.
+    opts = generation_options(req, max_tokens=plan.max_tokens, thinking=plan.thinking, logprobs=plan.top,  # 4.
+                              confidence=plan.confidence)
     if (req.stream and state.config.stream_live and not plan.use_tools and not opts.thinks and grounded is None
             and opts.logprobs is None):
         if len(prompts) != 1 or plan.n != 1:
@@ -256,18 +289,15 @@ async def run(state: ServerState, req: Any, prompts: list[Any], *, chat: bool, r
         results = await _gather(coros, request, plan.param)
     except _ClientGone:
         return Response(status_code=499)
-    prompt_total = sum(n_prompt) * plan.n                                             # 6. answer
-    if plan.use_tools:
-        return _tool_answer(state, req, results, tool_req, prompt_total=prompt_total)
-    return await _answer(state, req, plan, prompts, results, [c for c in specs for _ in range(plan.n)],
-                         grounded is not None, opts.thinks, prompt_total)
+    return Ran(plan, prompts, results, [c for c in specs for _ in range(plan.n)], grounded is not None, opts.thinks,
+               sum(n_prompt) * plan.n)
 
 
 async def _answer(state: ServerState, req: Any, plan: _Plan, prompts: list[Any], results: list[Any],
                   row_specs: list[Any], grounded: bool, thinks: bool, prompt_total: int) -> Any:
     """The JSON body or the validated stream of finished rows, with each choice's extensions: the
     thought (vLLM's ``reasoning_content``), grounded spans, choice probabilities and logprobs."""
-    rows = [_row(state, r, plan.stops) for r in results]
+    rows = [row_of(state, r, plan.stops) for r in results]
     entries = [_entries(r, row[0]) for r, row in zip(results, rows)] if plan.top is not None else None
     extras: list[dict[str, Any]] = []
     for r, c, row in zip(results, row_specs, rows):
@@ -276,6 +306,8 @@ async def _answer(state: ServerState, req: Any, plan: _Plan, prompts: list[Any],
             extra["reasoning_content"] = getattr(r, "reasoning", None)
         if grounded:
             extra["grounding"] = _spans_of(c, row[0]) if row[1] != "length" else None
+        if plan.confidence:
+            extra["field_confidence"] = getattr(r, "confidence", None)
         extras.append(extra)
     if plan.estimator is not None:   # the same for every sample of a prompt: scored once per prompt
         probs = [await _choice_probabilities(state, p, plan.spec.choices, plan.estimator) for p in prompts]

@@ -79,6 +79,8 @@ class _Common(_Open):
     grounding: Optional[Union[bool, dict[str, Any]]] = None
     # extension: every option's probability for a choice constraint (true = the "canvas" estimator)
     choice_probabilities: Optional[Union[bool, Literal["canvas", "ar"]]] = None
+    # extension: per-field confidence of a JSON answer (JSON Pointer -> probability)
+    field_confidence: Optional[bool] = None
 
 
 class ChatCompletionRequest(_Common):
@@ -331,7 +333,7 @@ def check_messages(messages: Any) -> None:
 
 
 def generation_options(req: Any, *, max_tokens: int, thinking: Any = False,
-                       logprobs: int | None = None) -> GenerateOptions:
+                       logprobs: int | None = None, confidence: bool = False) -> GenerateOptions:
     """The request's generation knobs as one :class:`~dgemma_struct.options.GenerateOptions`, made
     once here and carried by the job to its scheduler row (``seed`` wrapped into the valid range;
     ``None``: a fresh seed per row)."""
@@ -339,6 +341,8 @@ def generation_options(req: Any, *, max_tokens: int, thinking: Any = False,
                                  seed=None if req.seed is None else int(req.seed) % (MAX_SEED + 1))
     if req.top_p is not None:
         knobs["top_p"] = req.top_p
+    if confidence:
+        knobs["confidence"] = True
     if thinking is not False:
         knobs["thinking"] = thinking
         if req.max_thinking_tokens is not None:

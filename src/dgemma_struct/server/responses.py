@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .http_errors import safe_json_bytes
 
-__all__ = ["Wire", "Usage", "FunctionCall", "ToolCallOut", "AssistantMessage", "ChatChoice", "ChatCompletion",
+__all__ = ["Wire", "Usage", "FunctionCall", "CustomCall", "CustomCallDelta", "ToolCallOut", "AssistantMessage", "ChatChoice", "ChatCompletion",
            "CompletionChoice", "Completion", "FunctionCallDelta", "ToolCallDelta", "ChatDelta", "ChatChunkChoice",
            "ChatCompletionChunk", "CompletionChunkChoice", "CompletionChunk", "ModelCard", "ModelList", "Health",
            "ErrorDetail", "ErrorResponse", "StreamError", "error_responses", "json_response"]
@@ -56,10 +56,17 @@ class FunctionCall(Wire):
     arguments: str                  # a JSON object, as text (OpenAI's shape)
 
 
+class CustomCall(Wire):
+    name: str
+    input: str                      # a custom tool's free-form input (it matches the tool's grammar)
+
+
 class ToolCallOut(Wire):
+    optional: ClassVar[frozenset[str]] = frozenset({"function", "custom"})
     id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
+    type: Literal["function", "custom"] = "function"
+    function: Optional[FunctionCall] = None
+    custom: Optional[CustomCall] = None
 
 
 class AssistantMessage(Wire):
@@ -73,13 +80,14 @@ class AssistantMessage(Wire):
 
 
 class ChatChoice(Wire):
-    optional: ClassVar[frozenset[str]] = frozenset({"grounding", "choice_probabilities"})
+    optional: ClassVar[frozenset[str]] = frozenset({"grounding", "choice_probabilities", "field_confidence"})
     index: int
     message: AssistantMessage
     logprobs: Optional[Any] = None
     finish_reason: str
     grounding: Optional[dict[str, Any]] = None  # ``{"spans": [...]}`` of a grounded answer
     choice_probabilities: Optional[dict[str, float]] = None  # ``{option: p}`` (extension)
+    field_confidence: Optional[dict[str, float]] = None      # ``{JSON Pointer: p}`` (extension)
 
 
 class ChatCompletion(Wire):
@@ -95,7 +103,8 @@ class ChatCompletion(Wire):
 
 
 class CompletionChoice(Wire):
-    optional: ClassVar[frozenset[str]] = frozenset({"reasoning_content", "grounding", "choice_probabilities"})
+    optional: ClassVar[frozenset[str]] = frozenset({"reasoning_content", "grounding", "choice_probabilities",
+                                                    "field_confidence"})
     index: int
     text: str
     logprobs: Optional[Any] = None
@@ -103,6 +112,7 @@ class CompletionChoice(Wire):
     reasoning_content: Optional[str] = None
     grounding: Optional[dict[str, Any]] = None
     choice_probabilities: Optional[dict[str, float]] = None
+    field_confidence: Optional[dict[str, float]] = None
 
 
 class Completion(Wire):
@@ -124,12 +134,19 @@ class FunctionCallDelta(Wire):
     arguments: str
 
 
+class CustomCallDelta(Wire):
+    optional: ClassVar[frozenset[str]] = frozenset({"name"})
+    name: Optional[str] = None
+    input: str
+
+
 class ToolCallDelta(Wire):
-    optional: ClassVar[frozenset[str]] = frozenset({"id", "type"})
+    optional: ClassVar[frozenset[str]] = frozenset({"id", "type", "function", "custom"})
     index: int
     id: Optional[str] = None
-    type: Optional[Literal["function"]] = None
-    function: FunctionCallDelta
+    type: Optional[Literal["function", "custom"]] = None
+    function: Optional[FunctionCallDelta] = None
+    custom: Optional[CustomCallDelta] = None
 
 
 class ChatDelta(Wire):
@@ -143,12 +160,13 @@ class ChatDelta(Wire):
 
 
 class ChatChunkChoice(Wire):
-    optional: ClassVar[frozenset[str]] = frozenset({"grounding"})
+    optional: ClassVar[frozenset[str]] = frozenset({"grounding", "field_confidence"})
     index: int
     delta: ChatDelta
     logprobs: Optional[Any] = None
     finish_reason: Optional[str] = None
     grounding: Optional[dict[str, Any]] = None
+    field_confidence: Optional[dict[str, float]] = None
 
 
 class ChatCompletionChunk(Wire):
@@ -164,13 +182,15 @@ class ChatCompletionChunk(Wire):
 
 
 class CompletionChunkChoice(Wire):
-    optional: ClassVar[frozenset[str]] = frozenset({"reasoning_content", "grounding", "choice_probabilities"})
+    optional: ClassVar[frozenset[str]] = frozenset({"reasoning_content", "grounding", "choice_probabilities",
+                                                    "field_confidence"})
     index: int
     text: str
     logprobs: Optional[Any] = None
     finish_reason: Optional[str] = None
     reasoning_content: Optional[str] = None
     grounding: Optional[dict[str, Any]] = None
+    field_confidence: Optional[dict[str, float]] = None
 
 
 class CompletionChunk(Wire):

@@ -29,13 +29,50 @@ class Tool:
     parameters: Mapping[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     model: Any = None
     strict: bool = False
+    #: a custom tool's input format (``{"type": "text"}`` or ``{"type": "grammar", "syntax": "lark" |
+    #: "regex", "definition": ...}``); ``None`` for a function tool. Its one argument is the string ``input``.
+    format: Mapping[str, Any] | None = None
+
+    @property
+    def is_custom(self) -> bool:
+        """True for a custom tool (free-form ``input`` text, following its grammar when it has one)."""
+        return self.format is not None
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """``(syntax, definition)`` of a custom tool's input grammar, or ``None`` (free text / a function)."""
+        f = self.format
+        return (f["syntax"], f["definition"]) if f is not None and f.get("type") == "grammar" else None
 
     def to_openai(self) -> dict[str, Any]:
-        """The OpenAI ``tools`` entry (what the chat template renders into the system turn)."""
+        """The OpenAI ``tools`` entry (what the chat template renders into the system turn); a custom
+        tool is rendered as a function of one string argument ``input`` whose description names its format."""
         fn: dict[str, Any] = {"name": self.name, "parameters": dict(self.parameters)}
         if self.description:
             fn["description"] = self.description
         return {"type": "function", "function": fn}
+
+
+def _custom_tool(spec: Mapping[str, Any]) -> Tool:
+    """A custom tool from ``{"name", "description", "format"}`` (OpenAI's chat ``custom`` object or
+    a Responses ``{"type": "custom", ...}`` entry): its ``input`` is a string following ``format``."""
+    name, desc, fmt = spec.get("name"), spec.get("description") or "", spec.get("format") or {"type": "text"}
+    if not isinstance(desc, str):
+        raise ToolCallError(f"tool {name!r}: 'description' must be a string")
+    if not isinstance(fmt, Mapping) or fmt.get("type") not in ("text", "grammar"):
+        raise ToolCallError(f"custom tool {name!r}: format must be {{'type': 'text'}} or {{'type': 'grammar', ...}}")
+    note = "free-form text"
+    if fmt["type"] == "grammar":
+        syntax, definition = fmt.get("syntax"), fmt.get("definition")
+        if syntax not in ("lark", "regex") or not isinstance(definition, str) or not definition:
+            raise ToolCallError(f"custom tool {name!r}: a grammar format needs syntax 'lark' or 'regex' and a "
+                                "non-empty definition")
+        fmt, note = {"type": "grammar", "syntax": syntax, "definition": definition}, f"text in this {syntax} grammar: " + definition
+    else:
+        fmt = {"type": "text"}
+    params = {"type": "object", "properties": {"input": {"type": "string", "description": note}},
+              "required": ["input"], "additionalProperties": False}
+    return Tool(name=name, description=desc, parameters=params, format=fmt)
 
 
 def _function_schema(fn: Callable) -> tuple[dict[str, Any], Any]:
@@ -59,7 +96,8 @@ def _function_schema(fn: Callable) -> tuple[dict[str, Any], Any]:
 
 def as_tool(obj: Any) -> Tool:
     """A :class:`Tool` from a pydantic model class, a plain function (signature + docstring), an
-    OpenAI tool dict (``{"type": "function", "function": {...}}``), a legacy function dict
+    OpenAI tool dict (``{"type": "function", "function": {...}}``; a custom tool ``{"type": "custom",
+    "custom": {"name", "format"}}`` or the Responses API's flat ``{"type": "custom", "name", "format"}``), a legacy function dict
     (``{"name": ..., "parameters": ...}``) or a :class:`Tool`."""
     from pydantic import BaseModel
 
@@ -72,12 +110,14 @@ def as_tool(obj: Any) -> Tool:
         return Tool(name=obj.__name__, description=desc, parameters=schema, model=obj)
     if isinstance(obj, Mapping):
         spec = obj
+        if obj.get("type") == "custom":
+            return _custom_tool(obj["custom"] if isinstance(obj.get("custom"), Mapping) else obj)
         if obj.get("type") == "function" or "function" in obj:
             spec = obj.get("function")
             if not isinstance(spec, Mapping):
                 raise ToolCallError("a tool dict of type 'function' needs a 'function' object")
         elif obj.get("type") not in (None, "function"):
-            raise ToolCallError(f"unsupported tool type {obj.get('type')!r} (only 'function' tools)")
+            raise ToolCallError(f"unsupported tool type {obj.get('type')!r} (only 'function' and 'custom' tools)")
         name = spec.get("name")
         params = spec.get("parameters", {"type": "object", "properties": {}})
         if params is None:

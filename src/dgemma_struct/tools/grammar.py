@@ -240,21 +240,39 @@ class _GrammarBuilder:
         return f'"{{"{ref(f_rule[0], nullable[0])} "}}"'
 
 
+def custom_grammar_name(index: int) -> str:
+    """The name under which the input grammar of ``tools[index]`` (a custom tool) joins the tool-call
+    grammar (an llguidance sub-grammar, referenced as ``@name``).
+
+    >>> custom_grammar_name(2)
+    'custom_input_2'
+    """
+    return f"custom_input_{index}"
+
+
 def tool_call_grammar(tools: Sequence[Tool], *, marker_ids: Mapping[str, int] = GEMMA4_MARKERS,
-                      tool_choice: Any = "auto", parallel_tool_calls: bool = True) -> str:
+                      tool_choice: Any = "auto", parallel_tool_calls: bool = True, max_calls: int | None = None) -> str:
     """The llguidance Lark grammar of the model's answer: calls to the declared tools in Gemma 4's
-    format (``"required"`` / a named tool), or calls or free text (``"auto"``), or text only (``"none"``)."""
+    format (``"required"`` / a named tool), or calls or free text (``"auto"``), or text only (``"none"``).
+    A custom tool's call is ``call:NAME{input:<|"|>...<|"|>}``, the text following its grammar (the
+    sub-grammar :func:`custom_grammar_name` names, which the caller supplies). ``max_calls``: at most
+    that many calls (with ``parallel_tool_calls``)."""
     choice, named = check_choice(tool_choice, tools)
     s = f"<[{marker_ids['str']}]>"
     b = _GrammarBuilder({t.name: t.parameters for t in tools}, s)
     bodies = []
-    for t in tools:
+    for i, t in enumerate(tools):
         if named is not None and t.name != named:
             continue
-        args = b.object_rule(t.parameters, t.name, 0) if t.parameters.get("properties") else '"{" "}"'
+        if t.is_custom:
+            inner = f"@{custom_grammar_name(i)}" if t.grammar is not None else _STR_BODY
+            args = f'"{{" "input:" {s} {inner} {s} "}}"'
+        else:
+            args = b.object_rule(t.parameters, t.name, 0) if t.parameters.get("properties") else '"{" "}"'
         bodies.append(f"{_lark_str('call:' + t.name)} {args}")
     call = f"<[{marker_ids['call_open']}]> ({' | '.join(bodies)}) <[{marker_ids['call_close']}]>"
-    calls = "call+" if parallel_tool_calls else "call"
+    calls = "call" if not parallel_tool_calls or max_calls == 1 else "call+" if max_calls is None \
+        else f"call{{1,{max_calls}}}"
     text = "TEXT"
     if choice == "none":
         start = text

@@ -9,7 +9,8 @@ from dgemma_struct.errors import LengthError
 from dgemma_struct.tools import MARKER_TOKENS, ToolCall, ToolCallResult
 
 from ..responses import (ChatChoice, ChatCompletion, ChatCompletionChunk, ChatChunkChoice, ChatDelta, AssistantMessage,
-                         FunctionCall, FunctionCallDelta, ToolCallDelta, ToolCallOut, Usage)
+                         CustomCall, CustomCallDelta, FunctionCall, FunctionCallDelta, ToolCallDelta, ToolCallOut,
+                         Usage)
 from .request import ToolRequest
 
 #: Characters of arguments JSON per streamed delta (OpenAI sends small fragments).
@@ -44,6 +45,8 @@ def _message(result: Any, tool_req: ToolRequest) -> tuple[AssistantMessage, str]
 
 
 def _wire_call(call: ToolCall) -> ToolCallOut:
+    if call.custom:   # OpenAI's custom tool-call shape: the input text, never a JSON object
+        return ToolCallOut(id=call.id, type="custom", custom=CustomCall(name=call.name, input=call.input))
     return ToolCallOut(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments_json))
 
 
@@ -95,6 +98,13 @@ def stream_chunks(result: Any, tool_req: ToolRequest, *, rid: str, model: str, c
                 for f in _fragments(fc.arguments, fragment_chars)]
     else:
         for k, call in enumerate(message.tool_calls):
+            if call.custom is not None:
+                first = ToolCallDelta(index=k, id=call.id, type="custom",
+                                      custom=CustomCallDelta(name=call.custom.name, input=""))
+                out.append(chunk(ChatDelta(tool_calls=[first])))
+                out += [chunk(ChatDelta(tool_calls=[ToolCallDelta(index=k, custom=CustomCallDelta(input=f))]))
+                        for f in _fragments(call.custom.input, fragment_chars)]
+                continue
             first = ToolCallDelta(index=k, id=call.id, type="function",
                                   function=FunctionCallDelta(name=call.function.name, arguments=""))
             out.append(chunk(ChatDelta(tool_calls=[first])))

@@ -79,6 +79,10 @@ def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
                 pending = []
                 for j, call in enumerate(calls):
                     cp = f"{param}.tool_calls.{j}"
+                    if isinstance(call, Mapping) and call.get("type") == "custom":   # its input as the one argument
+                        cu = call.get("custom") if isinstance(call.get("custom"), Mapping) else {}
+                        call = {**call, "function": {"name": cu.get("name"),
+                                                     "arguments": {"input": cu.get("input") or ""}}}
                     fn = call.get("function") if isinstance(call, Mapping) else None
                     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
                         raise _fail(f"{cp}.function.name must be a non-empty string", f"{cp}.function.name",

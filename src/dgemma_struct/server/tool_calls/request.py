@@ -7,14 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dgemma_struct.errors import PromptTooLongError
-from dgemma_struct.constraints import get_tokenizer_info
+from dgemma_struct.errors import ConstraintEngineError, ConstraintError, PromptTooLongError
+from dgemma_struct.constraints import Grammar, Regex, compile_constraint, get_tokenizer_info
 from dgemma_struct.tools import TOOL_CHOICES, Tool, ToolCallError, compile_tool_calls, normalise_tools
 
 from ..http_errors import APIError, ToolRequestError, api_error_for
 
 #: Request fields this module reads (the server's pydantic models keep them as extra fields).
-TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "max_tool_calls",
+               "allowed_tools")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,12 @@ class ToolRequest:
     tool_choice: Any = "auto"
     parallel_tool_calls: bool = True
     legacy: bool = False
+    allowed: frozenset[str] | None = None   # ``allowed_tools``: the tools that may be called (all rendered)
+    max_calls: int | None = None            # ``max_tool_calls``: most calls in one answer
+
+    def tool(self, name: str) -> Tool | None:
+        """The declared tool called ``name``."""
+        return next((t for t in self.tools if t.name == name), None)
 
     @property
     def calls_possible(self) -> bool:
@@ -97,10 +104,13 @@ def _declarations(raw: Any, legacy: bool) -> list[dict[str, Any]]:
             raise _fail(f"{param} must be an object", param, "invalid_tools")
         if legacy:
             fn = entry
+        elif entry.get("type") == "custom":
+            out.append(_custom(entry, param))
+            continue
         else:
             if entry.get("type", "function") != "function":
-                raise _fail(f"{param}: only tools of type 'function' are supported, got {entry.get('type')!r}",
-                            f"{param}.type", "unsupported_tool_type")
+                raise _fail(f"{param}: only tools of type 'function' or 'custom' are supported, got "
+                            f"{entry.get('type')!r}", f"{param}.type", "unsupported_tool_type")
             fn = entry.get("function")
             if not isinstance(fn, Mapping):
                 raise _fail(f"{param}.function must be an object", f"{param}.function", "invalid_tools")
@@ -128,6 +138,33 @@ def _declarations(raw: Any, legacy: bool) -> list[dict[str, Any]]:
     return out
 
 
+def _custom(entry: Mapping[str, Any], param: str) -> dict[str, Any]:
+    """A chat ``{"type": "custom", "custom": {"name", "description", "format"}}`` entry, shape-checked."""
+    spec = entry.get("custom")
+    if not isinstance(spec, Mapping):
+        raise _fail(f"{param}.custom must be an object", f"{param}.custom", "invalid_tools")
+    param = f"{param}.custom"
+    if not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise _fail(f"{param}.name must be a non-empty string", f"{param}.name", "invalid_tool_name")
+    fmt = spec.get("format", {"type": "text"})
+    if not isinstance(fmt, Mapping) or fmt.get("type") not in ("text", "grammar"):
+        raise _fail(f"{param}.format must be {{'type': 'text'}} or {{'type': 'grammar', 'grammar': ...}}",
+                    f"{param}.format", "invalid_tools")
+    if fmt["type"] == "grammar":
+        g = fmt.get("grammar") if isinstance(fmt.get("grammar"), Mapping) else fmt   # chat nests it; Responses not
+        if g.get("syntax") not in ("lark", "regex"):
+            raise _fail(f"{param}.format.grammar.syntax must be 'lark' or 'regex', got {g.get('syntax')!r}",
+                        f"{param}.format.grammar.syntax", "invalid_tools")
+        if not isinstance(g.get("definition"), str) or not g["definition"].strip():
+            raise _fail(f"{param}.format.grammar.definition must be a non-empty string",
+                        f"{param}.format.grammar.definition", "invalid_grammar")
+        fmt = {"type": "grammar", "syntax": g["syntax"], "definition": g["definition"]}
+    if spec.get("description") is not None and not isinstance(spec["description"], str):
+        raise _fail(f"{param}.description must be a string", f"{param}.description", "invalid_tools")
+    return {"type": "custom", "custom": {"name": spec["name"], "description": spec.get("description") or "",
+                                         "format": dict(fmt)}}
+
+
 def _choice(raw: Any, names: set[str], legacy: bool) -> Any:
     field = "function_call" if legacy else "tool_choice"
     if raw is None:
@@ -143,10 +180,11 @@ def _choice(raw: Any, names: set[str], legacy: bool) -> Any:
     if legacy:
         name = raw.get("name")
     else:
-        if raw.get("type", "function") != "function" or not isinstance(raw.get("function"), Mapping):
-            raise _fail(f'{field} objects look like {{"type": "function", "function": {{"name": ...}}}}', field,
-                        "invalid_tool_choice")
-        name = raw["function"].get("name")
+        kind = raw.get("type", "function")
+        if kind not in ("function", "custom") or not isinstance(raw.get(kind), Mapping):
+            raise _fail(f'{field} objects look like {{"type": "function", "function": {{"name": ...}}}} (or '
+                        f'"custom" / "custom")', field, "invalid_tool_choice")
+        name = raw[kind].get("name")
     if not isinstance(name, str):
         raise _fail(f"{field} must name a function", field, "invalid_tool_choice")
     if name not in names:
@@ -198,9 +236,19 @@ def tool_request_of(req: Any, *, output_constraint: str | None = None) -> ToolRe
         raise _fail(f"tools and {output_constraint} together are ambiguous: give one output constraint, or "
                     f'tool_choice "none" to answer with {output_constraint}', output_constraint,
                     "tools_with_response_format")
+    max_calls = _get(req, "max_tool_calls")
+    if max_calls is not None and (isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1):
+        raise _fail(f"max_tool_calls must be a positive integer, got {max_calls!r}", "max_tool_calls",
+                    "invalid_request")
+    allowed = _get(req, "allowed_tools")
+    if allowed is not None:
+        unknown = sorted(set(allowed) - {t.name for t in normalised})
+        if unknown:
+            raise _fail(f"tool_choice.tools names {unknown[0]!r}, which is not among the declared tools",
+                        "tool_choice.tools", "unknown_tool")
     return ToolRequest(tools=tuple(normalised), tool_choice=choice,
                        parallel_tool_calls=False if legacy else (True if parallel is None else parallel),
-                       legacy=legacy)
+                       legacy=legacy, allowed=None if allowed is None else frozenset(allowed), max_calls=max_calls)
 
 
 def prepare_tokenizer(runtime: Any) -> None:
@@ -214,11 +262,20 @@ def compile_for(tool_req: ToolRequest, runtime: Any) -> Any:
     """The :class:`~dgemma_struct.tools.ToolCallConstraint` of a request, for ``runtime``'s tokenizer.
     A tokenizer without Gemma 4's tool tokens is a 400 ``tools_unsupported_by_model``."""
     field = "functions" if tool_req.legacy else "tools"
+    stops, vocab = list(runtime.eos_token_ids), runtime.model.config.text_config.vocab_size
+    for i, t in enumerate(tool_req.tools):   # a custom grammar: the compiler (and errors) of response_format
+        if t.grammar is not None:
+            spec = Regex(t.grammar[1]) if t.grammar[0] == "regex" else Grammar(t.grammar[1])
+            try:
+                compile_constraint(spec, get_tokenizer_info(runtime.tokenizer, stop_token_ids=stops, vocab_size=vocab))
+            except (ConstraintError, ConstraintEngineError) as err:
+                raise _fail(str(err), f"{field}.{i}.custom.format.grammar.definition",
+                            api_error_for(err).code) from None
+    callable_ = [t for t in tool_req.tools if tool_req.allowed is None or t.name in tool_req.allowed]
     try:
-        return compile_tool_calls(list(tool_req.tools), runtime.tokenizer, tool_choice=tool_req.tool_choice,
-                                  parallel_tool_calls=tool_req.parallel_tool_calls,
-                                  stop_token_ids=list(runtime.eos_token_ids),
-                                  vocab_size=runtime.model.config.text_config.vocab_size)
+        return compile_tool_calls(callable_, runtime.tokenizer, tool_choice=tool_req.tool_choice,
+                                  parallel_tool_calls=tool_req.parallel_tool_calls, stop_token_ids=stops,
+                                  vocab_size=vocab, max_calls=tool_req.max_calls)
     except ToolRequestError:
         raise
     except ToolCallError as err:
