@@ -23,6 +23,8 @@ Route helper::
     typed_route(app, "/extract/person", schema=Person,
                 prompt_template="Extract the name and age as JSON.\\n{text}")
     # POST /extract/person {"text": "..."}  ->  a Person; OpenAPI's response schema is Person's
+    typed_route(app, "/extract/person/scored", schema=Person, confidence=True, prompt_template=...)
+    # -> {"value": {...}, "confidence": {"/name": 0.98, "/age": 0.41}}  (docs/confidence.md)
 
 Requests from concurrent handlers are batched into shared canvas loops by one worker thread per
 runtime (see :class:`dgemma_struct.server.Batcher`); the event loop never runs the model.
@@ -120,13 +122,18 @@ class StructuredGenerator:
 
     ``isolate_compile`` (default True: specs in a web app come from users): each new spec is first
     compiled in a worker process (:func:`dgemma_struct.repair.preparation.isolated_constraint_for`), so a native
-    crash of the constraint engine is a 400, never the end of the app's process."""
+    crash of the constraint engine is a 400, never the end of the app's process.
+
+    ``confidence`` (default False; every call may override it): :meth:`details` results carry
+    ``.confidence``, the per-field confidence (JSON Pointer of each leaf -> probability; see
+    :attr:`dgemma_struct.results.GenerationResult.confidence`)."""
 
     def __init__(self, runtime: DiffusionRuntime | None = None, *, max_new_tokens: int = 128, seed: int | None = 0,
                  timeout_s: float = 60.0, max_batch_size: int = 8, max_wait_ms: float = 10.0, max_queue: int = 64,
-                 max_repairs: int = 2, raise_http: bool = True, isolate_compile: bool = True):
+                 max_repairs: int = 2, raise_http: bool = True, isolate_compile: bool = True, confidence: bool = False):
         self._runtime = runtime
         self.isolate_compile = bool(isolate_compile)
+        self.confidence = bool(confidence)
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.timeout_s = timeout_s
@@ -142,8 +149,9 @@ class StructuredGenerator:
 
     async def details(self, prompt: Any, spec: Any, *, max_new_tokens: int | None = None, seed: int | None = -1,
                       timeout_s: float | None = None, temperature: float | None = None,
-                      top_p: float | None = None):
-        """The :class:`~dgemma_struct.results.GenerationResult` (``.value``, ``.text``, ``.stats``).
+                      top_p: float | None = None, confidence: bool | None = None):
+        """The :class:`~dgemma_struct.results.GenerationResult` (``.value``, ``.text``, ``.stats``,
+        with ``confidence`` (``None``: the generator's default) ``.confidence``).
         ``temperature`` / ``top_p`` as in :func:`dgemma_struct.generate` (``None``: the defaults)."""
         try:
             if self._runtime is None:
@@ -154,7 +162,8 @@ class StructuredGenerator:
             sampling = {k: v for k, v in (("temperature", temperature), ("top_p", top_p)) if v is not None}
             return await batcher.submit(prompt, spec, max_new_tokens=max_new_tokens or self.max_new_tokens,
                                         seed=self.seed if seed == -1 else seed,
-                                        timeout_s=timeout_s or self.timeout_s, **sampling)
+                                        timeout_s=timeout_s or self.timeout_s,
+                                        confidence=self.confidence if confidence is None else confidence, **sampling)
         except (DgemmaStructError, QueueFull, ShuttingDown) as err:
             if self.raise_http:
                 raise to_http_exception(err) from err
@@ -193,13 +202,18 @@ def structured_generator(runtime: DiffusionRuntime | None = None, **defaults: An
 def typed_route(app: Any, path: str, *, schema: type[BaseModel] | Any, prompt_template: str,
                 input_model: type[BaseModel] | None = None, runtime: DiffusionRuntime | None = None,
                 generator: StructuredGenerator | None = None, methods: Sequence[str] = ("POST",),
-                max_new_tokens: int = 128, **route_kwargs: Any) -> Callable:
+                max_new_tokens: int = 128, confidence: bool = False, **route_kwargs: Any) -> Callable:
     """Add a route to ``app`` (a FastAPI app or ``APIRouter``) that formats ``prompt_template``
     with the request body's fields, generates under ``schema`` and returns it; the route's
-    ``response_model`` is ``schema``. ``input_model`` defaults to ``{"text": str}``."""
+    ``response_model`` is ``schema``. ``input_model`` defaults to ``{"text": str}``.
+    ``confidence=True``: the route returns ``{"value": <schema>, "confidence": {pointer: p}}``
+    (the per-field confidence, docs/confidence.md) and declares that shape instead."""
     if input_model is None:
         input_model = create_model(f"{getattr(schema, '__name__', 'Typed')}Input", text=(str, ...))
     gen = generator or StructuredGenerator(runtime, max_new_tokens=max_new_tokens)
+    name = getattr(schema, "__name__", "Typed")
+    scored = create_model(f"{name}WithConfidence", value=(schema if isinstance(schema, type) else Any, ...),
+                          confidence=(dict[str, float], ...)) if confidence else None
 
     async def endpoint(body: Any) -> Any:
         fields = body.model_dump() if hasattr(body, "model_dump") else dict(body)
@@ -208,13 +222,16 @@ def typed_route(app: Any, path: str, *, schema: type[BaseModel] | Any, prompt_te
         except (KeyError, IndexError) as err:
             raise HTTPException(500, detail={"message": f"prompt_template needs the field {err}",
                                              "type": "server_error", "param": None, "code": "bad_template"}) from err
-        return await gen.json(prompt, schema)
+        if scored is None:
+            return await gen.json(prompt, schema)
+        res = await gen.details(prompt, schema, confidence=True)
+        return scored(value=res.value, confidence=res.confidence or {})
 
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=input_model)])
     endpoint.__annotations__ = {"body": input_model}
     endpoint.__name__ = "typed_" + path.strip("/").replace("/", "_").replace("-", "_")
-    route_kwargs.setdefault("response_model", schema if isinstance(schema, type) else None)
+    route_kwargs.setdefault("response_model", scored or (schema if isinstance(schema, type) else None))
     route_kwargs["responses"] = {**generation_error_responses(), **(route_kwargs.get("responses") or {})}
     app.add_api_route(path, endpoint, methods=list(methods), **route_kwargs)
     return endpoint
