@@ -197,8 +197,34 @@ def e2e_reference() -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------- markdown
+def same_requests(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """``before`` cut to the (model, mode, seed) requests ``now`` has, its summary recomputed: the two
+    summary rows then count the same requests."""
+    have = {(name, r["mode"], r["seed"]) for name, mdl in now["models"].items() for r in mdl["requests"]}
+    models = {name: {**mdl, "requests": [r for r in mdl["requests"] if (name, r["mode"], r["seed"]) in have]}
+              for name, mdl in before["models"].items()}
+    every = [r for mdl in models.values() for r in mdl["requests"]]
+    return {**before, "models": models,
+            "summary": {mode: summarise([r for r in every if r["mode"] == mode]) for mode in now["summary"]}}
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Results of runs over parts of the corpus or of the modes (run side by side) as one result."""
+    res = json.loads(json.dumps(parts[0]))
+    for part in parts[1:]:
+        for name, mdl in part["models"].items():
+            res["models"].setdefault(name, {"types": mdl["types"], "requests": []})["requests"] += mdl["requests"]
+        res["meta"]["modes"] += [mo for mo in part["meta"]["modes"] if mo not in res["meta"]["modes"]]
+        res["meta"]["run_s"] = max(res["meta"]["run_s"], part["meta"]["run_s"])
+    res["meta"]["models"] = len(res["models"])
+    every = [r for mdl in res["models"].values() for r in mdl["requests"]]
+    res["summary"] = {mode: summarise([r for r in every if r["mode"] == mode]) for mode in res["meta"]["modes"]}
+    return res
+
+
 def markdown(res: dict[str, Any], before: dict[str, Any] | None) -> str:
     m = res["meta"]
+    before = same_requests(before, res) if before else None
     lines = ["# Typed pydantic models (dgemma-struct-embedded)", "",
              f"{m['models']} models of `benchmarks/typed_corpus.py`, modes {', '.join(m['modes'])}, seeds "
              f"{m['seeds']}, default options (max_new_tokens {m['max_new_tokens'] or 'default'}). Commit "
@@ -219,6 +245,15 @@ def markdown(res: dict[str, Any], before: dict[str, Any] | None) -> str:
                          f"{s['repairs_median']:g} | {s['fallbacks']} | {s['forwards_median']:g} | "
                          f"{s['wall_p50_s']:.2f} | {s['wall_p95_s']:.2f} | {s['big_number_outputs']} | "
                          f"{s['long_string_outputs']} |")
+    if before:
+        lines += ["", f"*before*: commit `{before['meta']['commit']}` ({before['meta']['started']}), cut to the "
+                  f"requests of *now* (commit `{m['commit']}`, {m['started']}); same models, modes and seeds."]
+    lines += ["", "| target (issue #32) | " + " | ".join(res["summary"]) + " |", "|---|" + "---|" * len(res["summary"])]
+    for label, key in (("0 GenerationFailed", "generation_failed"), ("0 outputs with big number literals",
+                                                                       "big_number_outputs"),
+                       ("0 outputs with strings > 200 chars", "long_string_outputs")):
+        cells = [f"{s[key]} — **{'met' if s[key] == 0 else 'not met'}**" for s in res["summary"].values()]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     ref = res.get("e2e_reference") or {}
     if ref:
         lines += ["", "For comparison, the family JSON benchmark (docs/results/e2e.json): repairs per request "
@@ -262,11 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "docs/results/typed_models"))
     ap.add_argument("--before", default="", help="a previous results json to compare with")
     ap.add_argument("--commit", default="", help="the commit measured (default: git HEAD of this checkout)")
-    ap.add_argument("--render", default="", help="only write <out>.md from this results json (no run)")
+    ap.add_argument("--render", default="", help="no run: merge these comma-separated results jsons into <out>.json and write <out>.md")
     args = ap.parse_args(argv)
     before = json.loads(Path(args.before).read_text()) if args.before else None
     if args.render:
-        md = markdown(json.loads(Path(args.render).read_text()), before)
+        res = merge([json.loads(Path(f).read_text()) for f in args.render.split(",")])
+        Path(f"{args.out}.json").write_text(json.dumps(res, indent=1, default=str))
+        md = markdown(res, before)
         Path(f"{args.out}.md").write_text(md)
         print(md)
         return 0
