@@ -1,8 +1,9 @@
 """The repair corpus: rules a grammar cannot express, left to validation + repair (issue #32).
 
 Each case is a spec whose rule the grammar leaves out, and a prompt of the embedded model's record
-families that tempts the model to break it (a duplicate skill, the name the pattern refuses, a
-date on the wrong side of today...). ``run_case`` runs one case through a real
+families whose facts satisfy it (as in the issue: every fact is in the prompt); the toy model still
+breaks the rules now and then (a duplicate skill, a name the pattern refuses, a wrong date), and
+then the repair has to converge. ``run_case`` runs one case through a real
 :class:`~dgemma_struct.repair.session.RepairSession` with the embedded model and reports what the
 benchmark (benchmarks/repair_corpus.py) and the test (test_repair_corpus.py) check: the value is
 valid whenever one is returned, and no rejected value was written twice.
@@ -95,7 +96,7 @@ SCHEMAS: dict[str, dict] = {
             "required": ["name", "age", "email"], "additionalProperties": False},
     "contains": {"type": "object", "properties": {
         "name": _STR, "skills": {"type": "array", "items": _STR, "minItems": 1, "maxItems": 6,
-                                 "contains": {"enum": ["Python", "SQL"]}}},
+                                 "contains": {"enum": ["python", "sql"]}}},
         "required": ["name", "skills"], "additionalProperties": False},
     "lookaround_pattern": {"type": "object", "properties": {
         "name": {"type": "string", "pattern": "^(?!.*(?:Lopez|Ito|Brown)).*$"}, "age": {"type": "integer"},
@@ -115,23 +116,26 @@ class Case:
 
 
 CASES: list[Case] = [
-    Case("uniqueItems (set[str])", Skills, "Extract the name and skills (a list) as JSON.\nAna Ruiz knows Go."),
+    Case("uniqueItems (set[str])", Skills,
+         "Extract the name and skills (a list) as JSON.\nAna Ruiz knows Go, SQL and Excel."),
     Case("uniqueItems (schema)", SCHEMAS["uniqueItems"],
-         "Extract the name and skills (a list) as JSON.\nSkills of Omar Ito: SQL and SQL."),
+         "Extract the name and skills (a list) as JSON.\nSkills of Omar Ito: SQL, Python and Java."),
     Case("if/then/else", SCHEMAS["if_then_else"],
-         "Booking: Hugo Lopez, 9 nights, single room, with breakfast.\nReturn a JSON object with guest, nights, "
+         "Booking: Hugo Lopez, 3 nights, double room, with breakfast.\nReturn a JSON object with guest, nights, "
          "room and breakfast."),
     Case("dependentRequired", SCHEMAS["dependentRequired"],
-         "Extract the name, city and email if given as JSON.\nLena Park is from Lima and uses lena4@mail.org."),
-    Case("not", SCHEMAS["not"], "Extract the name, age and email as JSON.\nMeet Hugo Lopez, age 41, email h@x.org."),
-    Case("contains", SCHEMAS["contains"], "Extract the name and skills (a list) as JSON.\nNadia Ito knows Excel."),
+         "Extract the name, city, email and phone if given as JSON.\nLena Park is from Lima and uses "
+         "lena4@mail.org, phone 555-867-5309."),
+    Case("not", SCHEMAS["not"], "Extract the name, age and email as JSON.\nMeet Omar Ruiz, age 41, email omar@x.org."),
+    Case("contains", SCHEMAS["contains"],
+         "Extract the name and skills (a list) as JSON.\nNadia Ito knows Excel, Go and SQL."),
     Case("look-around pattern", SCHEMAS["lookaround_pattern"],
-         "Extract the name, age and email as JSON.\nYou can write to Emil Ito (33) at emil@mail.org."),
-    Case("PastDate", PastEvent, "Extract the event and date as JSON.\nThe gala in Oslo on 4 March 2031."),
-    Case("FutureDate", FutureEvent, "Extract the event and date as JSON.\nThe fair in Lima on 2 May 2001."),
-    Case("field_validator", Person, "Extract the name, age and email as JSON.\nMeet Julia Muller, age 45, "
+         "Extract the name, age and email as JSON.\nYou can write to Emil Park (33) at emil@mail.org."),
+    Case("PastDate", PastEvent, "Extract the event and date as JSON.\nThe gala in Oslo on 4 March 2011."),
+    Case("FutureDate", FutureEvent, "Extract the event and date as JSON.\nThe fair in Lima on 2 May 2031."),
+    Case("field_validator", Person, "Extract the name, age and email as JSON.\nMeet Julia Muller, age 35, "
                                     "email julia68@mail.org."),
-    Case("model_validator", Booking, "Booking: Hugo Lopez, 2 nights, suite room, without breakfast.\n"
+    Case("model_validator", Booking, "Booking: Hugo Lopez, 4 nights, suite room, without breakfast.\n"
                                      "Return a JSON object with guest, nights, room and breakfast."),
     Case("AfterValidator", Contact, "Extract the name, phone and city as JSON.\nCall Omar Ito in Lima on 555-867-5309."),
 ]

@@ -134,23 +134,24 @@ def error_char_offset(text: str, paths: Sequence[Sequence[Any]]) -> int:
 @dataclass(frozen=True)
 class Ban:
     """A value a repair must not write again: the value at ``path`` must not be ``text`` (UTF-8,
-    as written), or with ``prefix`` must not *start* with ``text`` (which then ends where one of its
-    members ends: the value's other members may change, that one may not in that context).
+    as written), or with ``prefix`` must not *start* with ``text``.
 
-    ``delimited``: ``text`` ends in a number or a literal, so it is only written once the next byte
-    cannot continue it (``12`` is not ``123``); a string, object or array ends at its own closing byte.
+    ``delimited``: ``text`` ends in a number or a literal, so it only counts once the next byte
+    cannot continue it (``12`` is not ``123``); a string, object or array ends at its own closing
+    byte. By default it is read off ``text``; a prefix cut inside a value says ``False``.
 
-    >>> Ban(("n",), b"12").delimited, Ban(("s",), b'"12"').delimited
-    (True, False)
+    >>> Ban(("n",), b"12").delimited, Ban(("s",), b'"12"').delimited, Ban(("e",), b'"si', True, False).delimited
+    (True, False, False)
     """
 
     path: tuple
     text: bytes
     prefix: bool = False
+    delimited: bool = None  # type: ignore[assignment]  # None: read off ``text``
 
-    @property
-    def delimited(self) -> bool:
-        return not self.text.endswith((b'"', b"}", b"]"))
+    def __post_init__(self) -> None:
+        if self.delimited is None:
+            object.__setattr__(self, "delimited", not self.text.endswith((b'"', b"}", b"]")))
 
 
 @dataclass(frozen=True)
@@ -165,11 +166,13 @@ class Rejection:
 @dataclass
 class RepairPlan:
     """What one rejected output tells the repair: where renoising restarts (``offset``, a character
-    of the answer), the values that must not come back (``bans``) and the ``rejected`` values."""
+    of the answer), the values that must not come back (``bans``; ``spans[i]``: where ban ``i``'s
+    text is in the answer, or None) and the ``rejected`` values."""
 
     offset: int
     bans: list[Ban] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
+    spans: list[tuple[int, int] | None] = field(default_factory=list)
 
 
 _NAMED = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")
@@ -190,8 +193,8 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
     * any other value: renoising starts at it, and it is banned.
 
     >>> plan = repair_plan('{"d":"0020-01-01","n":3}', [type("I", (), {"path": ("d",), "message": "past"})()])
-    >>> plan.offset, plan.bans
-    (5, [Ban(path=('d',), text=b'"0020-01-01"', prefix=False)])
+    >>> plan.offset, plan.bans, plan.spans
+    (5, [Ban(path=('d',), text=b'"0020-01-01"', prefix=False, delimited=False)], [(5, 17)])
     """
     spans, members = value_spans(text)
     plan = RepairPlan(len(text))
@@ -210,7 +213,10 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
             v = None
         at, bans, rejected = _value_plan(text, spans, members, p, v, str(issue.message))
         plan.offset = min(plan.offset, at)
-        plan.bans.extend(b for b in bans if b not in plan.bans)
+        for ban, span in bans:
+            if ban not in plan.bans:
+                plan.bans.append(ban)
+                plan.spans.append(span)
         plan.rejected.append(rejected)
     return plan
 
@@ -221,17 +227,18 @@ def _children(spans: dict, path: tuple) -> list[tuple]:
 
 
 def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any,
-                message: str) -> tuple[int, list[Ban], Rejection]:
-    """``(renoise offset, bans, rejection)`` of the value ``v`` at ``p`` (see :func:`repair_plan`)."""
+                message: str) -> tuple[int, list[tuple[Ban, tuple[int, int] | None]], Rejection]:
+    """``(renoise offset, [(ban, its span)], rejection)`` of the value ``v`` at ``p`` (see :func:`repair_plan`)."""
     start, end = spans[p]
-    whole = Ban(p, text[start:end].encode())
+    whole = (Ban(p, text[start:end].encode()), (start, end))
     kids = _children(spans, p)
     if isinstance(v, list) and "unique" in message.lower():
         k = next((k for k in range(1, len(v)) if any(_same(v[k], v[i]) for i in range(k))), None)
         if k is not None and p + (k,) in spans:
             ks, ke = spans[p + (k,)]
             before = {text[slice(*spans[p + (i,)])] for i in range(k) if p + (i,) in spans}
-            return ks, [Ban(p + (k,), t.encode()) for t in sorted(before)], Rejection(p + (k,), text[ks:ke], message)
+            return ks, [(Ban(p + (k,), t.encode()), None) for t in sorted(before)], \
+                Rejection(p + (k,), text[ks:ke], message)
     rejected = Rejection(p, text[start:end], message)
     if isinstance(v, dict):
         names = {a or b for a, b in _NAMED.findall(message)}
@@ -241,7 +248,7 @@ def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any,
         if not kids:
             return start, [whole], rejected
         last = spans[kids[-1]]
-        bans = [whole] if names else [whole, Ban(p, text[start:last[1]].encode(), prefix=True)]
+        bans = [whole] if names else [whole, (Ban(p, text[start:last[1]].encode(), prefix=True), (start, last[1]))]
         return last[0], bans, rejected
     if isinstance(v, list) and kids:
         return spans[kids[-1]][0], [whole], rejected

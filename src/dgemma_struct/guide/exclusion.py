@@ -38,15 +38,16 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from dgemma_struct.constraints.bitmask_np import bitmask_of
-from dgemma_struct.constraints.json_locate import Ban
+from dgemma_struct.constraints.json_locate import Ban, char_to_token_index
+from dgemma_struct.errors import DgemmaStructError
 from dgemma_struct.constraints.json_scan import SCALAR_BYTES, JsonScan
 
-__all__ = ["Exclusion", "TokenBytes"]
+__all__ = ["Exclusion", "TokenBytes", "sharpen"]
 
 _CACHE: "OrderedDict[tuple, TokenBytes]" = OrderedDict()
 _LOCK = threading.Lock()
@@ -128,6 +129,7 @@ class Exclusion:
         self._by_path: dict[tuple, list[Ban]] = {}
         for b in self.bans:
             self._by_path.setdefault(b.path, []).append(b)
+        self._prefixes = any(b.prefix for b in self.bans)
         self._seen: list[int] = []        # the committed tokens scanned so far
         self._scan = JsonScan()
         self._text = bytearray()
@@ -152,21 +154,21 @@ class Exclusion:
         """Scan token ``t``; False when it writes a banned value."""
         ix = self.index
         if t in ix.stops:
-            return not self._fires(scan.end(), text)
-        b = ix.bytes[t] if t < len(ix.bytes) else b""
-        text.extend(b)
-        return not self._fires(scan.feed(b), text)
-
-    def _fires(self, ended: list, text: bytearray) -> bool:
-        """Whether one of the values that just ``ended`` is banned (a member's end for a prefix ban)."""
+            ended = scan.end()
+        else:
+            b = ix.bytes[t] if t < len(ix.bytes) else b""
+            text.extend(b)
+            ended = scan.feed(b)
         for e in ended:
             for ban in self._by_path.get(e.path, ()):
-                if not ban.prefix and text[e.start:e.end] == ban.text:
-                    return True
-            for ban in self._by_path.get(e.path[:-1], ()) if e.path else ():
-                if ban.prefix and e.parent >= 0 and text[e.parent:e.end] == ban.text:
-                    return True
-        return False
+                if _writes(ban, text, e.start, e.end, True):
+                    return False
+        if self._prefixes:
+            for path, start in scan.open_values():
+                for ban in self._by_path.get(path, ()):
+                    if ban.prefix and _writes(ban, text, start, len(text), False):
+                        return False
+        return True
 
     # -- what the guide asks ---------------------------------------------------------------------
     def admissible(self, frozen: Sequence[int], tokens: Sequence[int]) -> int:
@@ -215,3 +217,49 @@ class Exclusion:
                 n = i + 1
                 break
         return out[:n], n
+
+
+def _writes(ban: Ban, text: bytearray, start: int, end: int, ended: bool) -> bool:
+    """Whether the value written at ``text[start:end]`` (``ended``: it is over) is what ``ban``
+    forbids: exactly its text, or with ``prefix`` a value starting with it; a ``delimited`` text
+    counts once a byte that cannot continue it follows, or the value is over."""
+    n = len(ban.text)
+    if not ban.prefix:
+        return ended and end - start == n and text[start:end] == ban.text
+    if end - start < n or text[start:start + n] != ban.text:
+        return False
+    if not ban.delimited:
+        return True
+    return text[start + n] not in SCALAR_BYTES if end - start > n else ended
+
+
+def sharpen(ban: Ban, span: tuple[int, int] | None, walker: Any, tokens: Sequence[int], pieces: Sequence[str],
+            decode: Callable[[list[int]], str]) -> Ban:
+    """``ban`` cut back to where the grammar forces the rest of its text, as a prefix ban: an enum
+    value, a literal (``f`` forces ``alse``) or a ``const`` tail is decided before its last byte, and a
+    ban checked only at the last byte would leave the row where the grammar allows nothing else (a
+    dead end). ``span``: the banned text's characters in the output whose ``tokens`` (decoded one by
+    one: ``pieces``) it came from; ``walker``: a fresh walker of the constraint at its start state.
+    Unchanged when nothing is forced before the end (or the whole value is)."""
+    if span is None:
+        return ban
+    start, end = span
+    ti = char_to_token_index(pieces, start)
+    if ti >= len(tokens):
+        return ban
+    full = "".join(pieces)
+    stops = set(walker.stop_token_ids)
+    try:
+        walker.commit(tokens[:ti + 1])
+        pos, i = sum(len(p) for p in pieces[:ti + 1]), ti + 1
+        while pos < end:
+            forced = [t for t in walker.forced_tokens(64) if t not in stops]
+            if forced and decode(forced).startswith(full[pos:end]):
+                return Ban(ban.path, full[start:pos].encode(), prefix=True, delimited=False)
+            if i >= len(tokens):
+                break
+            walker.commit([tokens[i]])
+            pos, i = pos + len(pieces[i]), i + 1
+    except DgemmaStructError:   # the walk is only advice: the ban as it was
+        pass
+    return ban

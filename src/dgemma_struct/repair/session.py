@@ -26,7 +26,7 @@ from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthErro
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.engine.token_logprobs import named
 from dgemma_struct.constraints.json_locate import Ban, Rejection, char_to_token_index
-from dgemma_struct.guide.exclusion import Exclusion, TokenBytes
+from dgemma_struct.guide.exclusion import Exclusion, TokenBytes, sharpen
 from dgemma_struct.constraints.safety import clip
 from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
 from dgemma_struct.results import GenerationResult, GenerationStats
@@ -267,9 +267,11 @@ class RepairSession:
         thought, answer = split_reasoning(self.c, text)
         skip = len(text) - len(answer)  # a thought block before the answer is kept as it is
         plan = self.c.repair_plan(answer, issues)
-        if reject:
-            self._reject(plan.rejected, plan.bans if thought is None else [])
         pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+        if reject:
+            bans = [sharpen(b, span and (skip + span[0], skip + span[1]), self.c.canvas_walker(), tokens, pieces,
+                            self.text_of) for b, span in zip(plan.bans, plan.spans)] if thought is None else []
+            self._reject(plan.rejected, bans)
         return tokens[:char_to_token_index(pieces, skip + plan.offset)]
 
     def _reject(self, rejected: list[Rejection], bans: list[Ban]) -> None:

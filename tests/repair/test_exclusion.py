@@ -1,0 +1,132 @@
+"""The exclusion rule (issue #32) without a model forward: the JSON path scanner, the repair plan of
+each error shape, bans on a real tokenizer (masks and commits agree byte for byte), the forced-point
+cut of an enum value, and GenerationFailed naming each rejected value once."""
+import numpy as np
+import pytest
+
+from dgemma_struct.constraints.bitmask_np import bitmask_allows
+from dgemma_struct.constraints.json_locate import Ban, repair_plan
+from dgemma_struct.constraints.json_scan import JsonScan
+from dgemma_struct.constraints.json_schema import iter_issues  # noqa: F401 - the validator the plans read
+from dgemma_struct.errors import GenerationFailed
+from dgemma_struct.guide.exclusion import Exclusion, TokenBytes, sharpen
+from dgemma_struct.options import GenerateOptions
+from dgemma_struct.repair.preparation import constraint_for
+from dgemma_struct.repair.session import Attempt, Redo, RepairSession
+from dgemma_struct.results import GenerationStats
+
+
+class Issue:
+    def __init__(self, path, message):
+        self.path, self.message = tuple(path), message
+
+
+def test_the_scanner_reports_each_value_with_its_path_as_it_ends():
+    s = JsonScan()
+    ended = s.feed(b'{"a":[1,{"b":"x\\"}"}],"n":12')
+    assert [(e.path, e.start, e.end) for e in ended] == [(("a", 0), 6, 7), (("a", 1, "b"), 13, 19),
+                                                        (("a", 1), 8, 20), (("a",), 5, 21)]
+    assert s.in_scalar() and s.open_values()[-1] == (("n",), 26)
+    assert [tuple(e)[:3] for e in s.feed(b"}")] == [(("n",), 26, 28), ((), 0, 29)]
+
+
+@pytest.mark.parametrize("text,issue,offset,bans,rejected", [
+    # a leaf: renoise from it, ban it
+    ('{"d":"0020-01-01","n":3}', (("d",), "in the past"), 5, [(("d",), b'"0020-01-01"', False)], ("d",)),
+    # a number is banned as a delimited literal
+    ('{"n":45}', (("n",), "too old"), 5, [(("n",), b"45", False)], ("n",)),
+    # uniqueItems: the first duplicate; every earlier item is banned at its position
+    ('{"s":["go","sql","go"]}', (("s",), "['go', 'sql', 'go'] has non-unique elements"), 17,
+     [(("s", 2), b'"go"', False), (("s", 2), b'"sql"', False)], ("s", 2)),
+    # a missing dependency: from the present property the message names (its comma included)
+    ('{"n":"a","e":"x","c":"y"}', ((), "'p' is a dependency of 'e'"), 8, [((), b'{"n":"a","e":"x","c":"y"}', False)],
+     ()),
+    # a model validator: from the last value; the object, and its text through that value as a prefix
+    ('{"r":"suite","k":2}', ((), "Value error, a suite needs three nights"), 17,
+     [((), b'{"r":"suite","k":2}', False), ((), b'{"r":"suite","k":2', True)], ()),
+    # contains: from the last item, the array banned
+    ('{"s":["go","c"]}', (("s",), "does not contain items matching"), 11, [(("s",), b'["go","c"]', False)], ("s",)),
+    # a path deeper than the text: its deepest ancestor
+    ('{"a":{"b":1}}', (("a", "zz", 3), "'zz' is a required property"), 10, [(("a",), b'{"b":1}', False)], ("a",)),
+])
+def test_the_repair_plan_of_each_error_shape(text, issue, offset, bans, rejected):
+    plan = repair_plan(text, [Issue(*issue)])
+    assert plan.offset == offset
+    assert [(b.path, b.text, b.prefix) for b in plan.bans] == bans
+    assert [r.path for r in plan.rejected] == [rejected]
+
+
+def _ids(rt, text):
+    return rt.tokenizer.encode(text, add_special_tokens=False)
+
+
+def _exclusion(rt, constraint, bans):
+    return Exclusion(bans, TokenBytes.of(constraint.tokenizer_info))
+
+
+SCHEMA = {"type": "object", "properties": {"d": {"type": "string"}, "n": {"type": "integer"},
+                                           "r": {"enum": ["single", "double", "suite"]}},
+          "required": ["d", "n", "r"], "additionalProperties": False}
+
+
+def test_masks_and_commits_agree_on_a_real_tokenizer(tok_runtime):
+    c = constraint_for(SCHEMA, tok_runtime)
+    ex = _exclusion(tok_runtime, c, [Ban(("d",), b'"ab"'), Ban(("n",), b"12")])
+    prefix = _ids(tok_runtime, '{"d":')
+    # after '"ab' the mask removes exactly the tokens a commit refuses: those that start with '"'
+    full = np.full((1, c.canvas_walker().n_words), -1, dtype=np.int32)
+    inside = prefix + _ids(tok_runtime, '"ab')
+    masked, n = ex.masks(inside, [], full)
+    removed = {t for t in range(c.vocab_size) if not bitmask_allows(masked[0], t)}
+    refused = {t for t in range(c.vocab_size) if ex.admissible(inside, [t]) == 0}
+    tb = TokenBytes.of(c.tokenizer_info)
+    assert removed and refused == {t for t in removed if t < len(tb.bytes) and tb.bytes[t]}
+    assert all(tb.bytes[t].startswith(b'"') for t in refused)
+    # byte by byte: "ab" in any tokenization is refused at its closing quote, "abc" is not
+    for text in ('"ab"', '"a' + 'b"'):
+        toks = _ids(tok_runtime, text)
+        assert ex.admissible(prefix, toks) < len(toks)
+    assert ex.admissible(prefix, _ids(tok_runtime, '"abc",')) == len(_ids(tok_runtime, '"abc",'))
+    # a number: 12 only once a byte ends it; 123 and 1 stay allowed
+    at_n = _ids(tok_runtime, '{"d":"x","n":')
+    assert ex.admissible(at_n, _ids(tok_runtime, "12,")) < len(_ids(tok_runtime, "12,"))
+    assert ex.admissible(at_n, _ids(tok_runtime, "123,")) == len(_ids(tok_runtime, "123,"))
+    after_12 = at_n + _ids(tok_runtime, "12")
+    row, _ = ex.masks(after_12, [], full)
+    comma = _ids(tok_runtime, ",")[0]
+    assert not bitmask_allows(row[0], comma) and not bitmask_allows(row[0], c.eos_token_id)
+    assert bitmask_allows(row[0], _ids(tok_runtime, "3")[0])
+
+
+def test_an_enum_value_is_banned_where_the_grammar_decides_it(tok_runtime):
+    c = constraint_for(SCHEMA, tok_runtime)
+    text = '{"d":"x","n":1,"r":"single"}'
+    toks = _ids(tok_runtime, text)
+    pieces = [tok_runtime.tokenizer.decode([t]) for t in toks]
+    start = text.index('"single"')
+    ban = sharpen(Ban(("r",), b'"single"'), (start, start + 8), c.canvas_walker(), toks, pieces,
+                  lambda ids: tok_runtime.tokenizer.decode(ids))
+    assert ban.prefix and b'"single"'.startswith(ban.text) and len(ban.text) < 8
+    # nothing after the ban's text can avoid "single": so no token may reach it
+    ex = _exclusion(tok_runtime, c, [ban])
+    at_r = _ids(tok_runtime, '{"d":"x","n":1,"r":')
+    assert ex.admissible(at_r, _ids(tok_runtime, '"single"')) < len(_ids(tok_runtime, '"single"'))
+    assert ex.admissible(at_r, _ids(tok_runtime, '"suite"')) == len(_ids(tok_runtime, '"suite"'))
+
+
+def _session(rt, spec, **knobs):
+    return RepairSession(rt, [], constraint_for(spec, rt), GenerateOptions(**knobs), seed=0, deadline=None)
+
+
+def test_generation_failed_names_each_rejected_value_once(tok_runtime):
+    s = _session(tok_runtime, {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10}},
+                               "required": ["n"]})
+    for text in ('{"n":45}', '{"n":46}', '{"n":45}'):   # the third could only come without the rule
+        v = s.judge(Attempt(_ids(tok_runtime, text), True, False, GenerationStats()))
+        assert isinstance(v, Redo)
+    assert s.bans == [Ban(("n",), b"45"), Ban(("n",), b"46")]
+    err = s.give_up(None, 0.0).error
+    assert isinstance(err, GenerationFailed)
+    assert [(r["path"], r["value"], r["times"]) for r in err.rejected] == [("/n", "45", 2), ("/n", "46", 1)]
+    assert len(err.errors) == 2 and str(err).count("45") == 2   # once as the value, once in its message
+    assert s.exclusion() is not None and s.guide_for([]).rows[0].exclusion is not None

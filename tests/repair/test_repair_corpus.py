@@ -1,0 +1,80 @@
+"""The repair corpus (repair_corpus.py) on the embedded model, diffusion and AR: every returned value
+validates, no rejected value is written twice, and at most 2% of the requests end in
+GenerationFailed. One seed per mode keeps it to about half a minute on one core; the benchmark
+(benchmarks/repair_corpus.py) runs more seeds and the comparison without the exclusion rule."""
+import pytest
+from pydantic import BaseModel, field_validator
+
+from dgemma_struct import generate_json
+from dgemma_struct.errors import GenerationFailed
+from dgemma_struct.repair.session import RepairSession
+
+from repair_corpus import CASES, Case, run_case
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def corpus_runs(embedded_runtime):
+    return [run_case(c, mode=m, seed=0, runtime=embedded_runtime) for c in CASES for m in ("diffusion", "ar")]
+
+
+def test_every_returned_value_validates(corpus_runs):
+    assert [r for r in corpus_runs if r.ok and not r.valid] == []
+
+
+def test_no_rejected_value_is_written_twice(corpus_runs):
+    assert sum(r.retried for r in corpus_runs) == 0
+    # the rule was exercised: the model does break these rules, and repairs did reject values
+    assert sum(r.rejected for r in corpus_runs) >= 3
+
+
+def test_at_most_two_percent_generation_failed(corpus_runs):
+    failed = [(r.case, r.mode, r.error) for r in corpus_runs if not r.ok]
+    assert len(failed) / len(corpus_runs) <= 0.02, failed
+
+
+class Thirties(BaseModel):
+    name: str
+    age: int
+    email: str
+
+    @field_validator("age")
+    @classmethod
+    def _thirties(cls, v: int) -> int:
+        if not 30 <= v <= 39:
+            raise ValueError("age must be in the thirties")
+        return v
+
+
+# the prompt's fact breaks the rule: the model writes 45 first, so every attempt is a repair
+HARD = Case("field_validator, the prompt against it", Thirties,
+            "Extract the name, age and email as JSON.\nMeet Julia Muller, age 45, email julia68@mail.org.")
+
+
+@pytest.mark.parametrize("mode", ["diffusion", "ar"])
+def test_each_attempt_of_a_hard_case_tries_a_new_value(embedded_runtime, mode):
+    r = run_case(HARD, mode=mode, seed=0, runtime=embedded_runtime, max_repairs=3)
+    assert r.rejected >= 1 and r.retried == 0
+    if r.ok:
+        assert r.valid
+    else:   # every attempt was rejected, each on a value of its own
+        assert r.rejected == r.attempts
+
+
+def test_without_the_rule_the_same_value_comes_back(embedded_runtime, monkeypatch):
+    """The check above can fail: with the exclusion switched off, repairs write 45 again."""
+    monkeypatch.setattr(RepairSession, "exclusion", lambda self: None)
+    r = run_case(HARD, mode="diffusion", seed=0, runtime=embedded_runtime, max_repairs=3)
+    assert r.retried >= 1
+
+
+def test_generation_failed_lists_the_distinct_values_on_the_public_road(embedded_runtime):
+    with pytest.raises(GenerationFailed) as info:
+        generate_json(HARD.prompt, schema=Thirties, runtime=embedded_runtime, max_new_tokens=64, max_repairs=1,
+                      fallback=False)
+    err = info.value
+    assert err.rejected and all(r["times"] == 1 and r["path"] == "/age" for r in err.rejected)
+    assert len({r["value"] for r in err.rejected}) == len(err.rejected) == 2
+    assert err.stats is not None and err.partial_text
+    assert len(err.errors) == len(set(err.errors))
