@@ -87,42 +87,49 @@ def long_strings(value: Any) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- probes
-def type_probes() -> dict[str, tuple[Any, list[str]]]:
-    """The probe table: the types engineer's public table if it exists, else the corpus's own."""
-    try:  # a public per-type table in the package wins (issue #32's type work)
-        from dgemma_struct.constraints import type_probes as shipped  # type: ignore[attr-defined]
-
-        return shipped()
+def type_probes() -> dict[str, tuple[Any, list[str], list[str]]]:
+    """Per type: ``(annotation, values the validator rejects, values it accepts)``. The corpus's own
+    probes (the same in every run, so runs compare), then the rows of the package's type table
+    (``constraints.type_table.type_table()``, issue #32's type work) where it exists, as ``table:<name>``."""
+    out: dict[str, tuple[Any, list[str], list[str]]] = {k: (ann, vals, []) for k, (ann, vals) in PROBES.items()}
+    try:
+        from dgemma_struct.constraints.type_table import type_table
     except ImportError:
-        return PROBES
+        return out
+    for row in type_table():
+        out[f"table:{row.name}"] = (row.type, list(row.rejected), list(row.accepted))
+    return out
 
 
 def run_probes(rt) -> dict[str, Any]:
-    """Per type: how many validator-rejected values the compiled grammar still accepts."""
+    """Per type: how many validator-rejected values the compiled grammar still accepts (too wide) and
+    how many validator-accepted values it refuses (too narrow)."""
     from pydantic import TypeAdapter
 
     from dgemma_struct.constraints import compile_constraint
 
     out: dict[str, Any] = {}
-    for name, (ann, values) in type_probes().items():
+    for name, (ann, rejected, accepted) in type_probes().items():
         model = create_model("Probe", v=(ann, ...))
         try:
             c = compile_constraint(model, tokenizer=rt.tokenizer, use_cache=False)
         except Exception as err:  # noqa: BLE001 - a type that does not compile is a finding, recorded
-            out[name] = {"compile_error": f"{type(err).__name__}: {str(err)[:120]}", "probes": len(values)}
+            out[name] = {"compile_error": f"{type(err).__name__}: {str(err)[:120]}", "probes": len(rejected)}
             continue
         adapter = TypeAdapter(model)
-        wide = []
-        for lit in values:
-            text = '{"v":' + lit + "}"
+
+        def valid(lit: str) -> bool:
             try:
-                adapter.validate_json(text)
-                continue  # the validator takes it: not a probe (e.g. a date that is now in the past)
+                adapter.validate_json('{"v":' + lit + "}")
+                return True
             except ValidationError:
-                pass
-            if c.grammar_accepts(text):
-                wide.append(lit)
-        out[name] = {"probes": len(values), "grammar_accepts": len(wide), "accepted": wide}
+                return False
+
+        # a probe the validator takes is no probe (e.g. a date that is now in the past)
+        wide = [lit for lit in rejected if not valid(lit) and c.grammar_accepts('{"v":' + lit + "}")]
+        narrow = [lit for lit in accepted if valid(lit) and not c.grammar_accepts('{"v":' + lit + "}")]
+        out[name] = {"probes": len(rejected), "grammar_accepts": len(wide), "accepted": wide,
+                     "valid_values": len(accepted), "grammar_refuses_valid": narrow}
     return out
 
 
@@ -259,16 +266,18 @@ def markdown(res: dict[str, Any], before: dict[str, Any] | None) -> str:
         lines += ["", "For comparison, the family JSON benchmark (docs/results/e2e.json): repairs per request "
                   + ", ".join(f"{arm} mean {v['repairs_mean']:.2f} / median {v['repairs_median']} "
                               f"({100 * v['repair_rate']:.0f}% repaired)" for arm, v in ref.items()) + "."]
-    lines += ["", "## Grammar-width probes (values the validator rejects that the grammar accepts)", ""]
+    lines += ["", "## Grammar-width probes (values the validator rejects that the grammar accepts, and valid values it refuses)", ""]
     bp = (before or {}).get("probes", {})
-    head = ["type", "probes"] + (["grammar accepts (before)"] if before else []) + ["grammar accepts", "accepted"]
-    lines += ["| " + " | ".join(head) + " |", "|---|" + "--:|" * (len(head) - 2) + "---|"]
+    head = (["type", "probes"] + (["grammar accepts (before)"] if before else [])
+            + ["grammar accepts", "accepted", "valid values the grammar refuses"])
+    lines += ["| " + " | ".join(head) + " |", "|---|" + "--:|" * (len(head) - 3) + "---|---|"]
     for name, p in res["probes"].items():
         cells = [name, str(p["probes"])]
         if before:
             cells.append(str(bp.get(name, {}).get("grammar_accepts", "—")))
         cells += [str(p.get("grammar_accepts", "compile error")),
-                  " ".join(f"`{a}`" for a in p.get("accepted", [])) or p.get("compile_error", "")]
+                  " ".join(f"`{a}`" for a in p.get("accepted", [])) or p.get("compile_error", ""),
+                  " ".join(f"`{a}`" for a in p.get("grammar_refuses_valid", []))]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Per model", "", "| model | types | mode | " + ("success (before) | " if before else "")
               + "success | repairs/request | forwards median | wall p50 (s) | big numbers | long strings |",
