@@ -148,14 +148,18 @@ def record_for_confidence(session: RepairSession) -> bool:
     return True
 
 
-def _pieces(tokenizer: Any, tokens: Sequence[int], full: str) -> list[str]:
-    """Each token's text, cut so that they add up to ``full`` (a byte-fallback token decodes alone
-    to U+FFFD: then each cut is where the decoded prefix ends)."""
-    pieces = [tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
-    if "".join(pieces) == full:
-        return pieces
+def _pieces(tokenizer: Any, result: GenerationResult) -> tuple[list[str], int]:
+    """Each token's text, cut so that they add up to the decoded output, and the characters of
+    thought before the answer. The entries' own texts are used when they add up (a byte-fallback
+    token decodes alone to U+FFFD: then each cut is where the decoded prefix ends)."""
+    tokens = result.token_ids
+    pieces = [e.token for e in result.logprobs]
+    joined = "".join(pieces)
+    if len(pieces) == len(tokens) and "\ufffd" not in joined and joined.endswith(result.text):
+        return pieces, len(joined) - len(result.text)
+    full = tokenizer.decode(tokens, skip_special_tokens=False)
     ends = [len(tokenizer.decode(list(tokens[:k + 1]), skip_special_tokens=False)) for k in range(len(tokens))]
-    return [full[a:b] for a, b in zip([0] + ends[:-1], ends)]
+    return [full[a:b] for a, b in zip([0] + ends[:-1], ends)], len(full) - len(result.text)
 
 
 def attach_confidence(result: Any, session: RepairSession, *, drop_logprobs: bool = False) -> Any:
@@ -164,11 +168,9 @@ def attach_confidence(result: Any, session: RepairSession, *, drop_logprobs: boo
     ``drop_logprobs``: the entries were recorded only for this (:func:`record_for_confidence`)."""
     if not isinstance(result, GenerationResult) or not session.opts.confidence or result.logprobs is None:
         return result
-    tok = session.rt.tokenizer
-    full = tok.decode(result.token_ids, skip_special_tokens=False)
-    pieces = _pieces(tok, result.token_ids, full)
+    pieces, skip = _pieces(session.rt.tokenizer, result)
     result.confidence = confidence_of(result.text, pieces, [e.logprob for e in result.logprobs],
-                                      json_output=session.c.schema is not None, skip=len(full) - len(result.text))
+                                      json_output=session.c.schema is not None, skip=skip)
     if drop_logprobs:
         result.logprobs = None
     return result
