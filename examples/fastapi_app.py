@@ -18,7 +18,8 @@ from typing import Literal
 from fastapi import Depends, FastAPI
 from pydantic import BaseModel, Field
 
-from dgemma_struct.fastapi import StructuredGenerator, structured_generator, typed_route
+from dgemma_struct.fastapi import (StructuredGenerator, generation_error_responses, structured_generator,
+                                   typed_route)
 
 
 class Order(BaseModel):
@@ -47,11 +48,13 @@ def build_app(runtime=None) -> FastAPI:
     typed_route(app, "/orders", schema=Order, input_model=TextIn, generator=gen.generator,
                 prompt_template="Extract the order_id, product, quantity, price and status as JSON.\n{text}")
 
-    @app.post("/contacts", response_model=Contact)
+    # typed_route declares its error responses; a handler of your own declares them with
+    # generation_error_responses() (the 502 body when the model produced no valid value)
+    @app.post("/contacts", response_model=Contact, responses=generation_error_responses())
     async def contact(body: TextIn, g: StructuredGenerator = Depends(gen)) -> Contact:
         return await g.json(f"Read the text and give name, phone and city in JSON.\nText: {body.text}", Contact)
 
-    @app.post("/phone")
+    @app.post("/phone", responses=generation_error_responses())
     async def phone(body: TextIn, g: StructuredGenerator = Depends(gen)) -> dict:
         number = await g.regex(f"Give the phone number.\n{body.text}", r"\d{3}-\d{3}-\d{4}")
         return {"phone": number}
