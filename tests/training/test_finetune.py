@@ -62,3 +62,13 @@ def test_fine_tune_from_the_shipped_checkpoint_keeps_snapshots_and_resumes(tmp_p
     log = json.loads((tmp_path / "training_log.json").read_text())
     assert meta["steps"] == 2 and [r["step"] for r in log] == [1, 2]
     assert all(torch.isfinite(torch.tensor([r["diffusion_loss"], r["ar_loss"]])).all() for r in log)
+
+
+def test_prefix_corruption_keeps_a_clean_prefix_and_noises_the_rest():
+    gen = torch.Generator().manual_seed(1)
+    t = torch.ones(200, 1)
+    mask = DiffusionRecipe(prefix=1.0).corrupt_mask(t, (200, 32), gen)
+    clean_prefix = (~mask).int().cumprod(dim=1).sum(dim=1)  # clean positions before the first noised one
+    assert bool((mask.sum(dim=1) == 32 - clean_prefix).all())  # at t=1 everything after the prefix is noised
+    assert 0 < clean_prefix.float().mean() < 31 and len(set(clean_prefix.tolist())) > 10
+    assert bool(DiffusionRecipe().corrupt_mask(t, (200, 32), gen).all())  # no prefix: all noised at t=1

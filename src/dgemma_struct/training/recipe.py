@@ -7,9 +7,11 @@ answer at one noise rate, so it gets a fraction of the signal per batch; half of
 low noise, where a block is mostly clean and neighbours give the answer away, while inference
 starts from an all-random canvas and commits its first tokens at the highest noise; and its
 self-conditioning logits are raw, while inference feeds back logits divided by a temperature of
-0.3-0.8 computed on the previous, noisier canvas. :class:`DiffusionRecipe` holds the knobs that
-address each: several blocks (views) per encoder pass, a loss weight, noise rates drawn towards
-1, and self-conditioning as inference does it.
+0.3-0.8 computed on the previous, noisier canvas; and constrained decoding commits a canvas left
+to right (a clean frozen prefix, noise after the frontier), a pattern uniform corruption almost
+never shows. :class:`DiffusionRecipe` holds the knobs that address each: several blocks (views)
+per encoder pass, a loss weight, noise rates drawn towards 1, self-conditioning as inference does
+it, and clean-prefix corruption.
 
     >>> lr_at(0, 100, lr=1e-3, warmup=10, floor=0.1)
     0.0001
@@ -51,7 +53,9 @@ class DiffusionRecipe:
     ``t_dist``: ``"uniform"`` (t ~ U(0.02, 1)) or ``"high"`` (density rising linearly towards 1,
     where inference commits its first tokens); ``self_condition``: probability of a self-conditioned
     batch; ``sc_like_inference``: the self-conditioning logits come from a noisier canvas (the
-    previous step's) and are divided by a temperature drawn from ``sc_temperature``, as the sampler does.
+    previous step's) and are divided by a temperature drawn from ``sc_temperature``, as the sampler does;
+    ``prefix``: probability that a block keeps a clean prefix of random length and only the rest is
+    noised, as under constrained decoding (which freezes a canvas left to right).
 
     >>> DiffusionRecipe().views
     1
@@ -63,6 +67,7 @@ class DiffusionRecipe:
     self_condition: float = 0.5
     sc_like_inference: bool = False
     sc_temperature: tuple[float, float] = (0.3, 0.8)
+    prefix: float = 0.0
 
     def __post_init__(self) -> None:
         from dgemma_struct.errors import InvalidRequestError
@@ -78,6 +83,21 @@ class DiffusionRecipe:
         if self.t_dist == "high":
             return 0.02 + 0.98 * u.sqrt()
         return u.clamp_min(0.02)
+
+    def corrupt_mask(self, t: torch.Tensor, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
+        """Which positions of ``shape`` = (rows, L) are replaced by random tokens, given each row's ``t``.
+
+        >>> m = DiffusionRecipe(prefix=1.0).corrupt_mask(__import__("torch").ones(2, 1), (2, 8), None)
+        >>> bool(m[:, -1].all())
+        True
+        """
+        n, L = shape
+        mask = torch.rand(n, L, generator=gen) < t
+        if self.prefix:
+            keep = torch.randint(0, L, (n, 1), generator=gen)
+            on = torch.rand(n, 1, generator=gen) < self.prefix
+            mask &= ~(on & (torch.arange(L)[None, :] < keep))
+        return mask
 
     def as_dict(self) -> dict[str, Any]:
         """The recipe as JSON-able settings (for the training meta).

@@ -128,7 +128,7 @@ def make_batch(encoded: list[tuple[list[int], list[int]]], canvas: int, vocab: i
         ctx_end[:, i] = off + torch.tensor(cs)
     clean = torch.tensor(blocks, dtype=torch.long).transpose(0, 1)  # [V, B, L]
     t = torch.cat([recipe.draw_t(B, gen) for _ in range(V)]).view(V, B, 1)
-    noise_mask = torch.rand(V * B, canvas, generator=gen).view(V, B, canvas) < t
+    noise_mask = recipe.corrupt_mask(t.view(V * B, 1), (V * B, canvas), gen).view(V, B, canvas)
     noisy = torch.where(noise_mask, torch.randint(0, vocab, (V * B, canvas), generator=gen).view(V, B, canvas), clean)
     # the decoder may only see the cache up to each row's context end
     cache_visible = attn[None] & (torch.arange(T)[None, None, :] < ctx_end[..., None])
@@ -184,7 +184,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
           dtype: str | torch.dtype | None = "auto", corpus: str = "default", init_from: str | Path | None = None,
           mix: float = 0.0, warmup: int = 150, lr_floor: float = 0.1, checkpoint_every: int = 250,
           keep_checkpoints: bool = False, diffusion_views: int = 1, diffusion_weight: float = 1.0,
-          t_dist: str = "uniform", self_condition: float = 0.5, sc_like_inference: bool = False) -> dict:
+          t_dist: str = "uniform", self_condition: float = 0.5, sc_like_inference: bool = False,
+          prefix: float = 0.0) -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
 
@@ -208,15 +209,15 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     the corpus drawn from the original one; the learning rate warms up over ``warmup`` steps, then
     decays by a cosine to ``lr_floor * lr``; a checkpoint every ``checkpoint_every`` steps (with
     ``keep_checkpoints`` also the model alone in ``step_NNNNN/``). The diffusion objective:
-    ``diffusion_views``, ``diffusion_weight``, ``t_dist``, ``self_condition``, ``sc_like_inference``
-    (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`)."""
+    ``diffusion_views``, ``diffusion_weight``, ``t_dist``, ``self_condition``, ``sc_like_inference``,
+    ``prefix`` (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`)."""
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     from dgemma_struct.errors import InvalidRequestError, ModelLoadError
     from dgemma_struct.runtime import resolve_device, resolve_dtype
 
     recipe = DiffusionRecipe(views=diffusion_views, weight=diffusion_weight, t_dist=t_dist,
-                             self_condition=self_condition, sc_like_inference=sc_like_inference)
+                             self_condition=self_condition, sc_like_inference=sc_like_inference, prefix=prefix)
     if corpus not in CORPORA:
         raise InvalidRequestError(f"corpus must be one of {sorted(CORPORA)}, got {corpus!r}")
     dev = resolve_device(device)
