@@ -72,3 +72,20 @@ def test_prefix_corruption_keeps_a_clean_prefix_and_noises_the_rest():
     assert bool((mask.sum(dim=1) == 32 - clean_prefix).all())  # at t=1 everything after the prefix is noised
     assert 0 < clean_prefix.float().mean() < 31 and len(set(clean_prefix.tolist())) > 10
     assert bool(DiffusionRecipe().corrupt_mask(t, (200, 32), gen).all())  # no prefix: all noised at t=1
+
+
+def test_result_tables_show_each_split_and_mode(tmp_path):
+    from dgemma_struct.training import finetune_report
+
+    arm = {"field_accuracy": 0.25, "exact_records": 0.0, "median_forwards": 7}
+    splits = {s: {"diffusion": {"constrained": arm}, "ar": {"constrained": {**arm, "field_accuracy": 0.5}}}
+              for s in finetune_report.SPLITS}
+    mode = {"field_accuracy": 0.7, "valid_json_rate": 0.9, "short_answer_exact": 0.5, "tool_argument_accuracy": 1.0,
+            "mean_tokens_per_forward": 12.0}
+    data = {"shipped": {"splits": splits, "held_out": {"diffusion": mode, "ar": mode}},
+            "tuned": {"splits": splits, "held_out": {"diffusion": mode, "ar": {**mode, "field_accuracy": 0.8}}}}
+    (tmp_path / "training_finetune.json").write_text(json.dumps(data))
+    [md] = finetune_report.write(tmp_path)
+    text = md.read_text()
+    assert text.count("| held_out_families |") == 2 and "| 25.0% (0.0%) | 25.0% (0.0%) | 7 → 7 |" in text
+    assert "| field_accuracy | 70.0% | 70.0% | 70.0% | 80.0% |" in text and "| 12.00 |" in text

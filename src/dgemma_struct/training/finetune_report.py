@@ -1,0 +1,84 @@
+"""Markdown tables of the fine-tuning results (issue #33) for the model card: the recipe ablation
+(``docs/results/training_ablation.json``) and the before/after split table
+(``docs/results/training_finetune.json``), written as ``.md`` beside them so docs blocks render them.
+
+    python -m dgemma_struct.training.finetune_report docs/results
+
+    >>> ablation_table({"rows": [{"run": "A", "recipe": "r", "steps": 3, "minutes": 8.0,
+    ...     "diffusion_constrained_field_accuracy": {"s": 0.5}, "median_forwards": {"s": 4},
+    ...     "probe_losses": {"diffusion@1.0": 1.0, "ar": 2.0}}]}).splitlines()[2]
+    '| A | r | 3 | 8.0 | 50.0% | 50.0% | 4 | 1.00 | 2.00 |'
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SPLITS = ("in_distribution", "held_out_families", "held_out_phrasings")
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def ablation_table(data: dict) -> str:
+    """One row per run: recipe, steps, minutes, diffusion constrained field accuracy (mean and per
+    split), median forwards, probe losses."""
+    head = ["run", "recipe", "steps", "minutes", "diffusion constrained (mean)", "in-dist / fam / phr",
+            "median fwd", "diff. loss t=1", "AR loss"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in data["rows"]:
+        acc = r["diffusion_constrained_field_accuracy"]
+        mean = sum(acc.values()) / len(acc)
+        fwd = sorted(r["median_forwards"].values())[len(r["median_forwards"]) // 2]
+        lines.append(f"| {r['run']} | {r['recipe']} | {r['steps']} | {r['minutes']} | {_pct(mean)} | "
+                     + " / ".join(_pct(acc[s]) for s in acc) + f" | {fwd} | "
+                     f"{r['probe_losses']['diffusion@1.0']:.2f} | {r['probe_losses']['ar']:.2f} |")
+    return "\n".join(lines)
+
+
+def splits_table(data: dict) -> str:
+    """Shipped vs fine-tuned field accuracy per split, mode and arm (exact records in brackets)."""
+    lines = ["| split | mode | arm | shipped | fine-tuned | median fwd (shipped → tuned) |", "|---|---|---|--:|--:|--:|"]
+    before, after = data["shipped"]["splits"], data["tuned"]["splits"]
+    for s in SPLITS:
+        for mode in after[s]:
+            for arm in after[s][mode]:
+                a, b = before[s][mode][arm], after[s][mode][arm]
+                lines.append(f"| {s} | {mode} | {arm} | {_pct(a['field_accuracy'])} ({_pct(a['exact_records'])}) | "
+                             f"{_pct(b['field_accuracy'])} ({_pct(b['exact_records'])}) | "
+                             f"{a['median_forwards']} → {b['median_forwards']} |")
+    return "\n".join(lines)
+
+
+def held_out_table(data: dict) -> str:
+    """The original held-out set (unconstrained), shipped vs fine-tuned, both modes."""
+    keys = ("field_accuracy", "valid_json_rate", "short_answer_exact", "tool_argument_accuracy",
+            "mean_tokens_per_forward")
+    lines = ["| metric | diffusion shipped | diffusion tuned | AR shipped | AR tuned |", "|---|--:|--:|--:|--:|"]
+    b, a = data["shipped"]["held_out"], data["tuned"]["held_out"]
+    for k in keys:
+        fmt = (lambda x: f"{x:.2f}") if k == "mean_tokens_per_forward" else _pct
+        lines.append(f"| {k} | {fmt(b['diffusion'][k])} | {fmt(a['diffusion'][k])} | {fmt(b['ar'][k])} | "
+                     f"{fmt(a['ar'][k])} |")
+    return "\n".join(lines)
+
+
+def write(results_dir: str | Path) -> list[Path]:
+    """Writes ``training_ablation.md`` / ``training_finetune.md`` for the JSON files present."""
+    d, out = Path(results_dir), []
+    if (d / "training_ablation.json").exists():
+        p = d / "training_ablation.md"
+        p.write_text(ablation_table(json.loads((d / "training_ablation.json").read_text())) + "\n")
+        out.append(p)
+    if (d / "training_finetune.json").exists():
+        data = json.loads((d / "training_finetune.json").read_text())
+        p = d / "training_finetune.md"
+        p.write_text(splits_table(data) + "\n\n" + held_out_table(data) + "\n")
+        out.append(p)
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(write(sys.argv[1] if len(sys.argv) > 1 else "docs/results"))
