@@ -126,6 +126,8 @@ PENDING_MARKS = {
         "an API sketch: model, canvas are placeholders",
     ("docs/server.md", "from openai import OpenAI"): "needs a running dgemma-struct server",
     ("docs/tools.md", "from pydantic import BaseModel"): "needs a checkpoint directory (path/to/diffusiongemma)",
+    ("docs/confidence.md", "res = generate_json(prompt, schema=Invoice, return_details=True, confidence=True)"):
+        "an API sketch: prompt and Invoice are placeholders",
 }
 
 

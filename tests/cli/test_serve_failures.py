@@ -135,3 +135,28 @@ def test_a_busy_worker_exits_when_its_parent_is_killed():
     assert "Traceback" not in proc.stderr
     assert _none_left(mark) == []
     assert time.monotonic() - started < 55   # not the 60 s sleep: the worker did not finish its call
+
+
+def _mapped(pid: int, name: str) -> bool:
+    try:
+        return name in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_ctrl_c_while_the_model_loads_leaves_nothing():
+    """SIGINT once the checkpoint is being read (its file mapped): one line (exit 130), or, when the load
+    had already finished, uvicorn's clean shutdown; never a traceback, never a process left behind."""
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "dgemma_struct.cli", "serve", "--port", "0", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mark))
+    deadline = time.monotonic() + 240
+    while not _mapped(proc.pid, "model.safetensors") and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err, err[-3000:]
+    assert proc.returncode in (130, 0), (proc.returncode, err[-3000:])
+    if proc.returncode == 130:
+        assert [ln for ln in err.splitlines() if ln.strip()] == ["error: interrupted"], err[-3000:]
+    assert _none_left(mark) == []
