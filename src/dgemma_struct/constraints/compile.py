@@ -104,7 +104,7 @@ def _compile_json(schema: Any, info: TokenizerInfo, *, strict: bool, whitespace:
                                          bounded_numbers=bounded_numbers, field_budget=field_budget)
     return Constraint(ConstraintKind.JSON, plan.grammar, info, schema=plan.schema,
                       semantic_keywords=plan.semantic_keywords,
-                      validator=JsonValidator(with_spec_formats(make_validator(plan.schema)), adapter),
+                      validator=JsonValidator(with_spec_formats(make_validator(plan.schema, plan.text)), adapter),
                       description=desc,
                       template=plan.matcher)
 

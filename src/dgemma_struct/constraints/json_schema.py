@@ -43,6 +43,7 @@ class JsonPlan:
     semantic_keywords: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     matcher: Any = None  # the compiled llguidance.LLMatcher at its start state (compiled once)
+    text: str | None = None  # ``schema`` as JSON text
 
 
 # Python modules behind ``jsonschema[format-nongpl]``; without them jsonschema silently skips
@@ -129,7 +130,7 @@ def _pattern(validator: Any, patrn: Any, instance: Any, schema: Any) -> Iterator
         yield jsonschema.ValidationError(f"{instance!r} does not match {patrn!r}")
 
 
-def make_validator(schema: Any) -> Any:
+def make_validator(schema: Any, text: str | None = None) -> Any:
     """A ``jsonschema`` validator for ``schema`` (the class its ``$schema`` names, 2020-12 by default):
     exact decimal ``multipleOf``, ``pattern`` / ``patternProperties`` with Unicode property escapes
     (:func:`~.regex_ascii.re_schema`) and format assertion by the one format checker (jsonschema-rs'
@@ -139,6 +140,8 @@ def make_validator(schema: Any) -> Any:
     if ext is None:
         ext = _VALIDATOR_CLASSES[cls] = jsonschema.validators.extend(
             cls, {"multipleOf": _decimal_multiple_of, "pattern": _pattern})
+    if text is not None and "\\\\p" not in text and "\\\\P" not in text:  # ``schema`` as JSON: no \\p escape to spell
+        return ext(schema, format_checker=_format_checker(cls))
     return ext(re_schema(schema, iter_subschemas), format_checker=_format_checker(cls))
 
 
@@ -158,7 +161,8 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
 _REWRITTEN = frozenset(("minProperties", "exclusiveMinimum", "exclusiveMaximum", "items", "dependencies", "multipleOf",
                         "format", GRAMMAR_KEY))
 
-_EXTREME = re.compile(r"\d{19}|e[-+]")  # text that may hold an extreme bound (see literals.drop_extreme_bounds)
+_LONG_DIGITS = re.compile(r"\d{19}")
+_EXTREME = re.compile(r"\d{19}|\de[-+]\d")  # text that may hold an extreme bound (see literals.drop_extreme_bounds)
 
 
 def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = True, text: str | None = None,
@@ -299,20 +303,14 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
         raise SchemaError(f"a JSON Schema must be an object or a boolean, not {type(schema).__name__}")
     if not checked:
         check_schema_input(schema)
-    long_ints: list[str] = []
-
-    def parse_int(digits: str) -> int:  # a wide integer has at least 19 digits: noted while parsing
-        if len(digits) >= 19:
-            long_ints.append(digits)
-        return int(digits)
-
     try:
         text = json.dumps(schema, allow_nan=False)
-        schema = json.loads(text, parse_int=parse_int)
+        schema = json.loads(text)
     except (TypeError, ValueError, RecursionError) as e:
         raise SchemaError(f"schema is not JSON-serialisable: {clip(e)}") from None
     # the one rule of .literals: ints *and* floats of size >= 2**63 (a float that large prints as "e+")
-    wide: bool | str = (bool(long_ints) or "e+" in text) and has_wide_number(schema)
+    # a wide integer has at least 19 digits (a superset: digits inside strings count too)
+    wide: bool | str = ("e+" in text or _LONG_DIGITS.search(text) is not None) and has_wide_number(schema)
     if wide and '"integer"' not in text:
         wide = "ints"  # no integer context: wide float consts / enums are safe to hand over
     if schema is False:
@@ -321,8 +319,13 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
     check_schema(schema, subs, text)
     semantic: list[str] = []
     marks: list = []
-    g = _grammar_copy(schema, semantic, wide, text, marks) if isinstance(schema, dict) else {}
-    if bounded_numbers or field_budget or "x-max-" in text:
+    guards = bounded_numbers or field_budget or "x-max-" in text
+    if isinstance(schema, dict) and not (wide or guards or _EXTREME.search(text)) \
+            and all(_REWRITTEN.isdisjoint(s) for _, s in subs):
+        g = schema  # nothing to rewrite (most schemas): no copy; one is made before any relaxation
+    else:
+        g = _grammar_copy(schema, semantic, wide, text, marks) if isinstance(schema, dict) else {}
+    if guards:
         bound_fields(g, numbers=bounded_numbers, budget=field_budget)
     if wide and has_wide_number(g, floats=wide != "ints"):  # somewhere the grammar copy could not drop it: never hand it to the engine
         raise SchemaError("the schema holds an integer beyond the 64-bit range (|v| >= 2**63) where it cannot be "
@@ -350,6 +353,8 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
             semantic.append("oneOf")
             continue
         m = _REGEX_ERR.search(msg)
+        if (m or "regex parse error" in msg) and g is schema:
+            g = json.loads(text)  # relaxed below: never the schema validation reads
         if m or "regex parse error" in msg:
             removed = _relax_pattern(g, m.group(1) if m else None)
             if not removed and m:
@@ -385,4 +390,4 @@ def prepare_json_schema(schema: Any, lltok: Any, *, strict: bool = False, whites
         raise SchemaError(
             f"strict=True: keywords not enforceable by the grammar: {', '.join(semantic)}", keywords=semantic)
     return JsonPlan(schema=schema, grammar_schema=g, grammar=grammar, semantic_keywords=semantic,
-                    warnings=warnings, matcher=matcher)
+                    warnings=warnings, matcher=matcher, text=text)
