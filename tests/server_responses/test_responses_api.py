@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from enum import Enum
 from typing import Literal, Optional
 
@@ -190,3 +191,14 @@ def test_errors_name_the_field(server_url, body, param):
     assert resp.status_code == 400, resp.text
     err = resp.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error" and err["code"], err
+
+
+def test_chat_constraint_extensions_pass_through(oai):
+    r = oai.responses.create(model=MODEL, input="Call 555-867-5309.", max_output_tokens=24,
+                             extra_body={"guided_regex": r"\d{3}-\d{3}-\d{4}", "seed": 2})
+    assert re.fullmatch(r"\d{3}-\d{3}-\d{4}", r.output_text)
+    g = oai.responses.create(model=MODEL, input=PERSON_PROMPT, max_output_tokens=96,
+                             text={"format": {"type": "json_schema", "name": "p", "schema": Person.model_json_schema()}},
+                             extra_body={"grounding": True, "seed": 1})
+    spans = g.output[0].model_extra["grounding"]["spans"]
+    assert spans and all(s["text"] in PERSON_PROMPT and s["text"] == s["value"] for s in spans)

@@ -139,7 +139,7 @@ def row_of(state: ServerState, r: Any, stops: list[str]) -> tuple[str, str, int,
     return text, finish, n, r.stats.to_dict()
 
 
-def _spans_of(constraint: Any, text: str) -> dict | None:
+def spans_of(constraint: Any, text: str) -> dict | None:
     """The grounding extension of one choice: ``{"spans": [...]}`` of its grounded values."""
     try:
         spans, _ = constraint.locate(json.loads(text))
@@ -305,7 +305,7 @@ async def _answer(state: ServerState, req: Any, plan: _Plan, prompts: list[Any],
         if thinks:
             extra["reasoning_content"] = getattr(r, "reasoning", None)
         if grounded:
-            extra["grounding"] = _spans_of(c, row[0]) if row[1] != "length" else None
+            extra["grounding"] = spans_of(c, row[0]) if row[1] != "length" else None
         if plan.confidence:
             extra["field_confidence"] = getattr(r, "confidence", None)
         extras.append(extra)

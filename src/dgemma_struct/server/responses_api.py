@@ -23,7 +23,7 @@ from dgemma_struct.errors import DgemmaStructError
 
 from .completions import Ran, check_fields, execute
 from .http_errors import APIError, api_error_for
-from .protocol import ChatCompletionRequest, prompt_of_messages
+from .protocol import ChatCompletionRequest, prompt_of_messages, spec_of
 from .responses import json_response
 from .responses_body import response_body
 from .responses_stream import stream_response
@@ -63,6 +63,16 @@ class ResponsesRequest(BaseModel):
     prompt: Optional[dict[str, Any]] = None
     user: Optional[str] = None
     field_confidence: Optional[bool] = None
+    # the chat endpoint's constraint extensions, passed through as they are (checked there)
+    structured_outputs: Optional[Any] = None
+    guided_json: Optional[Any] = None
+    guided_regex: Optional[Any] = None
+    guided_choice: Optional[Any] = None
+    guided_grammar: Optional[Any] = None
+    grounding: Optional[Any] = None
+    thinking: Optional[Any] = None
+    max_thinking_tokens: Optional[Any] = None
+    choice_probabilities: Optional[Any] = None
 
 
 #: request fields that need server-side state or a feature this server does not have: a 400 naming them
@@ -72,7 +82,11 @@ _REFUSED = {"previous_response_id": "stored responses are not kept (store is alw
             "prompt": "stored prompt templates are not supported: send instructions and input",
             "top_logprobs": "logprobs are not supported on /v1/responses yet (use /v1/chat/completions)",
             "include": "no include value is supported (reasoning text is in the output; no logprobs, no "
-                       "encrypted reasoning)"}
+                       "encrypted reasoning)",
+            "choice_probabilities": "choice_probabilities is served on /v1/chat/completions only"}
+#: extension fields handed to the chat request unchanged
+_PASSED = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "grounding",
+           "thinking", "max_thinking_tokens", "field_confidence")
 _REASONING = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
@@ -207,7 +221,7 @@ def chat_body(req: ResponsesRequest) -> dict[str, Any]:
     body: dict[str, Any] = {"messages": _messages(req), "stream": False}
     for src, dst in (("model", "model"), ("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                      ("top_p", "top_p"), ("seed", "seed"), ("parallel_tool_calls", "parallel_tool_calls"),
-                     ("max_tool_calls", "max_tool_calls"), ("field_confidence", "field_confidence")):
+                     ("max_tool_calls", "max_tool_calls"), *((k, k) for k in _PASSED)):
         if getattr(req, src) is not None:
             body[dst] = getattr(req, src)
     rf = _response_format(req.text)
@@ -217,7 +231,7 @@ def chat_body(req: ResponsesRequest) -> dict[str, Any]:
     if effort is not None and effort not in _REASONING:
         raise APIError(400, f"reasoning.effort must be one of {_REASONING}", param="reasoning.effort",
                        code="invalid_value")
-    if req.reasoning is not None and effort != "none":
+    if req.reasoning is not None and effort != "none" and req.thinking is None:
         body["thinking"] = True   # the model's thought channel; its depth is not adjustable
     return {**body, **_tools(req)}
 
@@ -239,8 +253,7 @@ async def respond(state: ServerState, req: ResponsesRequest, request: Request | 
     _refuse(req)
     try:
         chat = ChatCompletionRequest.model_validate(chat_body(req))
-        tool_req = tool_request_of(chat, output_constraint=None if chat.response_format is None or
-                                   chat.response_format.type == "text" else "text.format")
+        tool_req = tool_request_of(chat, output_constraint=spec_of(chat)[1])
         toolish = any(m.role == "tool" or (m.model_extra or {}).get("tool_calls") for m in chat.messages)
         prompt = chat_prompt(chat.messages, tool_req) if (tool_req or toolish) else prompt_of_messages(chat.messages)
         ran = await execute(state, chat, [prompt], chat=True, request=request, tool_req=tool_req)

@@ -12,7 +12,7 @@ from typing import Any
 from dgemma_struct.errors import LengthError
 from dgemma_struct.tools import MARKER_TOKENS
 
-from .completions import Ran, row_of
+from .completions import Ran, row_of, spans_of
 from .state import ServerState
 from .tool_calls import row_tokens, tool_result_of
 
@@ -87,6 +87,8 @@ def response_body(state: ServerState, req: Any, ran: Ran, tool_req: Any) -> dict
         text, finish, out_tokens, stats = row_of(state, r, ran.plan.stops)
         complete = finish != "length"
         extra = {"field_confidence": getattr(r, "confidence", None)} if ran.plan.confidence else {}
+        if ran.grounded:
+            extra["grounding"] = spans_of(ran.row_specs[0], text) if complete else None
         output = [message_item(text, "completed" if complete else "incomplete", **extra)]
         thought = getattr(r, "reasoning", None) if ran.thinks else None
         if thought:
