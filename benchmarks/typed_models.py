@@ -73,7 +73,9 @@ def number_literals(text: str) -> list[str]:
     try:
         json.loads(text, parse_int=keep, parse_float=keep)
     except ValueError:
-        return re.findall(r"-?\d[\d.eE+-]{17,}", text)  # partial text: long digit runs only
+        # a cut-off text (LengthError): compact JSON puts a number right after ":", "[" or ","
+        # (UUID / date digits inside strings follow a quote or a dash instead)
+        return re.findall(r"(?<=[:\[,])-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?=[,\]}]|$)", text)
     return found
 
 
@@ -167,7 +169,7 @@ def run_one(rt, model: type[BaseModel], prompt: str, mode: str, seed: int, max_n
             "wall_s": round(wall, 4), "forward_passes": getattr(st, "forward_passes", 0),
             "repairs": getattr(st, "repairs", 0), "fallback": bool(getattr(st, "fallback", False)),
             "big_numbers": [n[:60] for n in big], "max_number_digits": max((len(n) for n in big), default=0),
-            "long_strings": len(long_strings(parsed)), "text": text[:400]}
+            "long_strings": len(long_strings(parsed)), "text": text[:1000]}
 
 
 def pct(xs: list[float], q: float) -> float:

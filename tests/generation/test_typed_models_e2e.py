@@ -36,6 +36,8 @@ def test_the_output_checks_catch_what_they_count():
     assert not bench.number_beyond_type("-9223372036854775808")          # int64's minimum
     assert not bench.number_beyond_type("0.000000000001234")
     assert bench.number_literals('{"a":1,"b":[2.5,-3e2]}') == ["1", "2.5", "-3e2"]
+    cut_off = '{"id":"00601400-6300-0044-4440-444444400440","n":[5555555555555555,-1234567890123456789.5'
+    assert bench.number_literals(cut_off) == ["5555555555555555", "-1234567890123456789.5"]   # not the UUID
     assert bench.long_strings({"a": ["x" * 201, "y" * 200]}) == ["x" * 201]
 
 
