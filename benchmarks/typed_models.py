@@ -263,6 +263,11 @@ def markdown(res: dict[str, Any], before: dict[str, Any] | None) -> str:
                        ("0 outputs with strings > 200 chars", "long_string_outputs")):
         cells = [f"{s[key]} — **{'met' if s[key] == 0 else 'not met'}**" for s in res["summary"].values()]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    same = {mode: sum(len({r["text"] for r in mdl["requests"] if r["mode"] == mode}) == 1
+                      for mdl in res["models"].values()) for mode in res["summary"]}
+    lines += ["", "Models whose seeds all gave the same text: " + ", ".join(
+        f"{mode} {n}/{len(res['models'])}" for mode, n in same.items())
+        + " (AR at the default temperature is greedy: its seeds repeat one request)."]
     ref = res.get("e2e_reference") or {}
     if ref:
         lines += ["", "For comparison, the family JSON benchmark (docs/results/e2e.json): repairs per request "
