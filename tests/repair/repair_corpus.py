@@ -5,7 +5,7 @@ families whose facts satisfy it (as in the issue: every fact is in the prompt); 
 breaks the rules now and then (a duplicate skill, a name the pattern refuses, a wrong date), and
 then the repair has to converge. ``run_case`` runs one case through a real
 :class:`~dgemma_struct.repair.session.RepairSession` with the embedded model and reports what the
-benchmark (benchmarks/repair_corpus.py) and the test (test_repair_corpus.py) check: the value is
+benchmark (benchmarks/repair_convergence.py) and the test (test_repair_corpus.py) check: the value is
 valid whenever one is returned, and no rejected value was written twice.
 """
 from __future__ import annotations
@@ -141,6 +141,26 @@ CASES: list[Case] = [
 ]
 
 
+# the prompt's fact breaks the rule, so the model's first answer is rejected and every attempt is a repair:
+# each must try a value of its own (the request may still fail: the facts point the other way)
+HARD_CASES: list[Case] = [
+    Case("field_validator (age 45, rule: thirties)", Person,
+         "Extract the name, age and email as JSON.\nMeet Julia Muller, age 45, email julia68@mail.org."),
+    Case("model_validator (a suite for 2 nights)", Booking,
+         "Booking: Hugo Lopez, 2 nights, suite room, without breakfast.\n"
+         "Return a JSON object with guest, nights, room and breakfast."),
+    Case("if/then/else (breakfast in a single)", SCHEMAS["if_then_else"],
+         "Booking: Hugo Lopez, 9 nights, single room, with breakfast.\nReturn a JSON object with guest, nights, "
+         "room and breakfast."),
+    Case("look-around pattern (a refused name)", SCHEMAS["lookaround_pattern"],
+         "Extract the name, age and email as JSON.\nYou can write to Emil Ito (33) at emil@mail.org."),
+    Case("uniqueItems (one skill, three wanted)", SCHEMAS["uniqueItems"],
+         "Extract the name and skills (a list) as JSON.\nSkills of Omar Ito: SQL."),
+    Case("FutureDate (a date in 2001)", FutureEvent,
+         "Extract the event and date as JSON.\nThe fair in Lima on 2 May 2001."),
+]
+
+
 @dataclass
 class CaseRun:
     case: str
@@ -184,4 +204,4 @@ def run_case(case: Case, *, mode: str = "diffusion", seed: int = 0, max_new_toke
                    sum(1 for r in rej if r["times"] > 1), value)
 
 
-__all__ = ["CASES", "Case", "CaseRun", "run_case", "independently_valid"]
+__all__ = ["CASES", "HARD_CASES", "Case", "CaseRun", "run_case", "independently_valid"]

@@ -44,13 +44,13 @@ from dgemma_struct.kernels import BitmaskStaging, apply_token_bitmask_
 from dgemma_struct.engine.token_logprobs import GuideLogprobs
 from dgemma_struct.guide.lookahead import ARMasking, MaskLookahead
 from dgemma_struct.options import check_deadline
-from dgemma_struct.guide.exclusion import Exclusion
+from dgemma_struct.guide.exclusion import ExcludedAR, Exclusion
 from dgemma_struct.guide.rows import CanvasWrites, RowOutcome, RowState
 
 __all__ = ["ConstraintGuide"]
 
 
-class ConstraintGuide(ARMasking):
+class ConstraintGuide(ExcludedAR, ARMasking):
     """Constrains each batch row with its own walker (``None`` = unconstrained row).
 
     ``budgets``: per row, the most tokens it may commit, its stop token included (the canvas
@@ -254,14 +254,6 @@ class ConstraintGuide(ARMasking):
         if r.cut_at is not None:  # ends the row in the loop (the walker never sees this EOS)
             cuts.append((b, r.cut_at, w.stop_token_ids[0]))
             r.cut_at = None
-
-    def _ar_masks(self, rows: tuple[int, ...]) -> np.ndarray | None:
-        masks = super()._ar_masks(rows)
-        for i, b in enumerate(rows):
-            ex = self.rows[b].exclusion
-            if ex is not None:
-                masks[i] = ex.masks(self.rows[b].walker.frozen_tokens, [], masks[i:i + 1])[0][0]
-        return masks
 
     # ------------------------------------------------------------------ diffusion hook
     def start_canvas(self, view: StepView) -> None:

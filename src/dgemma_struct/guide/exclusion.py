@@ -44,10 +44,9 @@ import numpy as np
 
 from dgemma_struct.constraints.bitmask_np import bitmask_of
 from dgemma_struct.constraints.json_locate import Ban, char_to_token_index
-from dgemma_struct.errors import DgemmaStructError
 from dgemma_struct.constraints.json_scan import SCALAR_BYTES, JsonScan
 
-__all__ = ["Exclusion", "TokenBytes", "sharpen"]
+__all__ = ["ExcludedAR", "Exclusion", "TokenBytes", "dead_end_ban", "sharpen"]
 
 _CACHE: "OrderedDict[tuple, TokenBytes]" = OrderedDict()
 _LOCK = threading.Lock()
@@ -63,6 +62,10 @@ class TokenBytes:
         self.stops = frozenset(stops)
         self.n_words = ((width or len(self.bytes)) + 31) // 32
         order = sorted((t for t, b in enumerate(self.bytes) if b and t not in specials), key=self.bytes.__getitem__)
+        self.single: dict[int, int] = {}   # byte value -> a token of exactly that byte
+        for t in order:
+            if len(self.bytes[t]) == 1:
+                self.single.setdefault(self.bytes[t][0], t)
         self._keys = [self.bytes[t] for t in order]
         self._ids = order
         # tokens whose first byte continues a number or literal (what stays allowed right after one)
@@ -234,32 +237,87 @@ def _writes(ban: Ban, text: bytearray, start: int, end: int, ended: bool) -> boo
 
 
 def sharpen(ban: Ban, span: tuple[int, int] | None, walker: Any, tokens: Sequence[int], pieces: Sequence[str],
-            decode: Callable[[list[int]], str]) -> Ban:
+            index: TokenBytes) -> Ban:
     """``ban`` cut back to where the grammar forces the rest of its text, as a prefix ban: an enum
     value, a literal (``f`` forces ``alse``) or a ``const`` tail is decided before its last byte, and a
     ban checked only at the last byte would leave the row where the grammar allows nothing else (a
     dead end). ``span``: the banned text's characters in the output whose ``tokens`` (decoded one by
     one: ``pieces``) it came from; ``walker``: a fresh walker of the constraint at its start state.
-    Unchanged when nothing is forced before the end (or the whole value is)."""
+    The text is walked byte by byte (single-byte tokens, the engine's forced bytes after each), so
+    the cut may fall inside a token. Unchanged when nothing is forced before the end."""
     if span is None:
         return ban
     start, end = span
     ti = char_to_token_index(pieces, start)
     if ti >= len(tokens):
         return ban
+    head = sum(len(p) for p in pieces[:ti])
     full = "".join(pieces)
-    stops = set(walker.stop_token_ids)
+    data = full[head:end].encode()
+    at = len(full[head:start].encode())   # the banned text's first byte in ``data``
     try:
-        walker.commit(tokens[:ti + 1])
-        pos, i = sum(len(p) for p in pieces[:ti + 1]), ti + 1
-        while pos < end:
-            forced = [t for t in walker.forced_tokens(64) if t not in stops]
-            if forced and decode(forced).startswith(full[pos:end]):
-                return Ban(ban.path, full[start:pos].encode(), prefix=True, delimited=False)
-            if i >= len(tokens):
+        walker.commit(tokens[:ti])
+        m = walker.frozen_matcher()
+        for k, byte in enumerate(data):
+            if k > at and bytes(m.compute_ff_bytes()).startswith(data[k:]):
+                return Ban(ban.path, data[at:k], prefix=True, delimited=False)
+            t = index.single.get(byte)
+            if t is None or not m.consume_token(t):
                 break
-            walker.commit([tokens[i]])
-            pos, i = pos + len(pieces[i]), i + 1
-    except DgemmaStructError:   # the walk is only advice: the ban as it was
+    except Exception:  # noqa: BLE001 - the walk is only advice: the ban as it was
         pass
     return ban
+
+
+def dead_end_ban(bans: Sequence[Ban], answer: bytes) -> Ban | None:
+    """The ban that keeps later attempts out of the dead end an output stopped in: where the row was
+    writing a value whose every continuation the grammar allows is banned (a boolean with both
+    values rejected), that value's start as written is banned as a prefix; when nothing of it is
+    written yet, its parent's. None when the output did not stop inside a banned value.
+
+    >>> dead_end_ban([Ban(("b",), b"true"), Ban(("b",), b"false")], b'{"a":1,"b":')
+    Ban(path=(), text=b'{"a":1,"b":', prefix=True, delimited=False)
+    """
+    scan = JsonScan()
+    scan.feed(answer)
+    opened = scan.open_values()
+    for depth in range(len(opened) - 1, -1, -1):
+        path, start = opened[depth]
+        written = answer[start:]
+        if not any(b.path == path and b.text.startswith(written) and len(written) < len(b.text) + b.delimited
+                   for b in bans):
+            continue
+        while not written and depth > 0:
+            depth -= 1
+            path, start = opened[depth]
+            written = answer[start:]
+        return Ban(path, bytes(written), prefix=True, delimited=False) if written else None
+    return None
+
+
+class ExcludedAR:
+    """The exclusion rule in the AR loop, a mixin before
+    :class:`~dgemma_struct.guide.lookahead.ARMasking` in the guide: each row's AR mask loses the
+    tokens that would write a banned value, and a sampled token that would all the same (one that
+    opens and completes a value, which the mask does not look through) ends the row as a dead end
+    instead of being committed."""
+
+    rows: list
+
+    def ar_token(self, tokens: Any, active: Any) -> None:
+        banned = [b for b in self._ar_rows(active) if self.rows[b].exclusion is not None]  # type: ignore[attr-defined]
+        if banned:
+            toks = tokens.tolist()
+            for b in banned:
+                r = self.rows[b]
+                if r.exclusion.admissible(r.walker.frozen_tokens, [toks[b]]) == 0:
+                    r.dead_end = r.no_allowed = True   # ended, not committed: repaired as a dead end
+        super().ar_token(tokens, active)  # type: ignore[misc]
+
+    def _ar_masks(self, rows: tuple[int, ...]) -> np.ndarray | None:
+        masks = super()._ar_masks(rows)  # type: ignore[misc]
+        for i, b in enumerate(rows):
+            ex = self.rows[b].exclusion
+            if ex is not None:
+                masks[i] = ex.masks(self.rows[b].walker.frozen_tokens, [], masks[i:i + 1])[0][0]
+        return masks

@@ -26,7 +26,7 @@ from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthErro
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.engine.token_logprobs import named
 from dgemma_struct.constraints.json_locate import Ban, Rejection, char_to_token_index
-from dgemma_struct.guide.exclusion import Exclusion, TokenBytes, sharpen
+from dgemma_struct.guide.exclusion import Exclusion, TokenBytes, dead_end_ban, sharpen
 from dgemma_struct.constraints.safety import clip
 from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
 from dgemma_struct.results import GenerationResult, GenerationStats
@@ -239,13 +239,15 @@ class RepairSession:
             reason = ("the grammar walk made no progress (dead end)" if a.dead_end
                       else "the output did not finish within the token budget")
             self.errors.append(reason)
+            if self.bans:   # stopped where the bans left nothing: keep later attempts out
+                self._ban_dead_end(a.tokens)
             # dead end or out of budget: keep half of what was generated, renoise the rest
-            return Redo(a.tokens[: len(a.tokens) // 2], [reason])
+            return self._redo(a.tokens[: len(a.tokens) // 2], [reason])
         outcome = self.c.validate_text(self.text_of(a.tokens))
         if not outcome.ok:
             reasons = [str(e) for e in outcome.errors]
             self.errors.extend(reasons)
-            return Redo(self._prefix_before(a.tokens, outcome.errors, reject=True), reasons)
+            return self._redo(self._prefix_before(a.tokens, outcome.errors, reject=True), reasons)
         value = outcome.value.model_dump(mode="json") if hasattr(outcome.value, "model_dump") else outcome.value
         junk = self.c.junk_paths(value) if self.opts.repair_junk else []
         best = self.least_junk
@@ -254,8 +256,14 @@ class RepairSession:
         if junk and attempt < self.opts.max_repairs:
             self.stats.junk_repairs += 1
             issues = [ValidationIssue(p, "structural junk inside a string") for p in junk]
-            return Redo(self._prefix_before(a.tokens, issues), [str(i) for i in issues])
+            return self._redo(self._prefix_before(a.tokens, issues), [str(i) for i in issues])
         return Accept(best.attempt, best.outcome)
+
+    def _redo(self, prefix: list[int], reasons: list[str]) -> Redo:
+        """Redo from ``prefix``, cut before a banned value it holds (a ban cut back to where the
+        grammar decides can start before the restart point)."""
+        ex = self.exclusion()
+        return Redo(prefix[:ex.admissible([], prefix)] if ex is not None else prefix, reasons)
 
     def _prefix_before(self, tokens: list[int], issues: list, *, reject: bool = False) -> list[int]:
         """Tokens before the earliest offending value (where renoising restarts); without a
@@ -269,10 +277,25 @@ class RepairSession:
         plan = self.c.repair_plan(answer, issues)
         pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
         if reject:
+            index = TokenBytes.of(self.c.tokenizer_info)
             bans = [sharpen(b, span and (skip + span[0], skip + span[1]), self.c.canvas_walker(), tokens, pieces,
-                            self.text_of) for b, span in zip(plan.bans, plan.spans)] if thought is None else []
+                            index) for b, span in zip(plan.bans, plan.spans)] if thought is None else []
             self._reject(plan.rejected, bans)
         return tokens[:char_to_token_index(pieces, skip + plan.offset)]
+
+    def _ban_dead_end(self, tokens: list[int]) -> None:
+        """Bans the value an output stopped in when the bans left it no token (cut back to where the
+        grammar forces the rest, as a rejected value's ban is)."""
+        text = self.text_of(tokens)
+        thought, _ = split_reasoning(self.c, text)
+        extra = dead_end_ban(self.bans, text.encode()) if thought is None else None
+        if extra is None:
+            return
+        pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+        span = (len(text) - len(extra.text.decode("utf-8", "ignore")), len(text))
+        extra = sharpen(extra, span, self.c.canvas_walker(), tokens, pieces, TokenBytes.of(self.c.tokenizer_info))
+        if extra not in self.bans:
+            self.bans.append(extra)
 
     def _reject(self, rejected: list[Rejection], bans: list[Ban]) -> None:
         for r in rejected:
