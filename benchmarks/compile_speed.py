@@ -194,7 +194,8 @@ def _tok_name(r: dict) -> str:
 def markdown(runs: list[dict]) -> str:
     keys = ("p50", "p90", "p99", "max", "mean")
     lines = ["# Compile speed: `compile_constraint` vs raw llguidance (JSONSchemaBench)", "",
-             "`benchmarks/compile_speed.py`: every JSONSchemaBench schema compiled by both, interleaved in one process "
+             "`benchmarks/compile_speed.py`: JSONSchemaBench schemas (all, or a fixed spread sample with `--limit`: "
+             f"{runs[-1]['schemas']} in the last run) compiled by both, interleaved in one process "
              "(the order alternates per schema). *Ours* is the whole `compile_constraint(..., use_cache=False)` call "
              "(input checks, metaschema, `$ref`s, the grammar copy, llguidance, the validator) -- with the Gemma 4 "
              "tokenizer as a runtime calls it (stop ids `[1, 106, 50]`, `vocab_size=262144`); *raw* is "
@@ -202,7 +203,9 @@ def markdown(runs: list[dict]) -> str:
              "same `LLParserLimits`) on the same `LLTokenizer`. Schemas with integers beyond 64 bits are left out "
              "(some crash raw llguidance). Milliseconds; the machine (2 cores) was shared with a training job: every "
              "run under `nice -n 19`, one thread. *before* is the code before this change, *after* with it, each "
-             "measured against raw llguidance in its own run.", ""]
+             "measured against raw llguidance in its own run. The clock is in brackets: *cpu* is the thread's CPU "
+             "time per compile (`--clock cpu`, the default: under a load of 10-15 on 2 cores wall time mostly "
+             "measures the scheduler), *wall* is `perf_counter`.", ""]
     for tok in dict.fromkeys(r["tokenizer"] for r in runs):
         rs = [r for r in runs if r["tokenizer"] == tok]
         lines += [f"## {_tok_name(rs[0])}", "", "| run | what | " + " | ".join(keys) + " |",
