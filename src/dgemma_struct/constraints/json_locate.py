@@ -1,5 +1,6 @@
 """Where an output goes wrong: the character offset of the value at a JSON path, the token that
-holds a character, and the strings that hold structural junk. The repair policy
+holds a character, the strings that hold structural junk, and the repair plan of a rejected output
+(:func:`repair_plan`: where renoising restarts, which values are banned). The repair policy
 (:mod:`dgemma_struct.repair.session`) renoises from there.
 
 Example::
