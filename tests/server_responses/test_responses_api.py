@@ -87,7 +87,7 @@ def test_create_is_an_exact_response_object(server_url, oai):
     assert body["object"] == "response" and body["status"] in ("completed", "incomplete")
     assert body["metadata"] == {"k": "v"} and body["usage"]["total_tokens"] == (
         body["usage"]["input_tokens"] + body["usage"]["output_tokens"])
-    assert "dgemma_stats" in body
+    assert "dgemma_stats" in body and body["output_text"] == body["output"][0]["content"][0]["text"]
     r = oai.responses.create(model=MODEL, input=[{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
                              instructions="Answer briefly.", max_output_tokens=16, temperature=0.0)
     assert r.output[0].type == "message" and isinstance(r.output_text, str)

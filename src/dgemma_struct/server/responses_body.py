@@ -102,6 +102,8 @@ def response_body(state: ServerState, req: Any, ran: Ran, tool_req: Any) -> dict
         "incomplete_details": None if complete else {"reason": "max_output_tokens"},
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
         "max_tool_calls": req.max_tool_calls, "model": state.model_id, "output": output,
+        # the SDKs' convenience, sent for raw HTTP clients too: every message's text, joined
+        "output_text": "".join(p["text"] for o in output if o["type"] == "message" for p in o["content"]),
         "parallel_tool_calls": tool_req.parallel_tool_calls if tool_req is not None else req.parallel_tool_calls
         is not False,
         "previous_response_id": None, "reasoning": {"effort": effort, "summary": None} if req.reasoning else None,

@@ -68,7 +68,7 @@ def _item_events(item: dict[str, Any], index: int) -> Iterator[dict[str, Any]]:
 def response_events(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Every event of the stream of ``body`` (a finished ``response`` object), numbered."""
     start = copy.deepcopy(body)
-    start.update(status="in_progress", output=[], usage=None, incomplete_details=None)
+    start.update(status="in_progress", output=[], output_text="", usage=None, incomplete_details=None)
     events = [{"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start}]
     for i, item in enumerate(body["output"]):
         events.extend(_item_events(item, i))
