@@ -130,3 +130,30 @@ def test_generation_failed_names_each_rejected_value_once(tok_runtime):
     assert [(r["path"], r["value"], r["times"]) for r in err.rejected] == [("/n", "45", 2), ("/n", "46", 1)]
     assert len(err.errors) == 2 and str(err).count("45") == 2   # once as the value, once in its message
     assert s.exclusion() is not None and s.guide_for([]).rows[0].exclusion is not None
+
+
+def test_a_dead_end_in_exhausted_values_moves_the_ban_back(tok_runtime):
+    from typing import Literal
+
+    from pydantic import BaseModel, model_validator
+
+    class Stay(BaseModel):
+        r: Literal["single", "suite"]
+        b: bool
+
+        @model_validator(mode="after")
+        def _no_suite(self):
+            if self.r == "suite":
+                raise ValueError("no suite")
+            return self
+
+    s = _session(tok_runtime, Stay)
+    for text in ('{"r":"suite","b":false}', '{"r":"suite","b":true}'):
+        assert isinstance(s.judge(Attempt(_ids(tok_runtime, text), True, False, GenerationStats())), Redo)
+    # the booleans were banned where the grammar decides them: at their first byte
+    assert {b.text for b in s.bans if b.prefix} >= {b'{"r":"suite","b":f', b'{"r":"suite","b":t'}
+    # the next attempt stops where both are gone: the ban moves to where "suite" is decided
+    v = s.judge(Attempt(_ids(tok_runtime, '{"r":"suite","b":'), False, True, GenerationStats()))
+    assert Ban((), b'{"r":"su', prefix=True, delimited=False) in s.bans
+    kept = tok_runtime.tokenizer.decode(v.prefix)
+    assert not kept.startswith('{"r":"su')

@@ -101,9 +101,27 @@ class TokenBytes:
         (``delimited``: a byte that cannot continue a number must follow it in the same token).
         ``rest == b""`` (a number written in full): every token that ends it, stop tokens included."""
         key = (rest, delimited)
-        row = self._rows.get(key)
+        with _LOCK:   # AR masks of several sessions are computed on worker threads
+            row = self._rows.get(key)
         if row is not None:
             return row
+        if not rest:
+            row = ~self.continues
+        else:
+            lo = bisect.bisect_left(self._keys, rest)
+            hi = lo
+            while hi < len(self._keys) and self._keys[hi].startswith(rest):
+                hi += 1
+            ids = self._ids[lo:hi]
+            if delimited:
+                n = len(rest)
+                ids = [t for t in ids if len(self.bytes[t]) > n and self.bytes[t][n] not in SCALAR_BYTES]
+            row = bitmask_of(ids, self.n_words)
+        with _LOCK:
+            self._rows[key] = row
+            while len(self._rows) > 256:
+                self._rows.popitem(last=False)
+        return row
         if not rest:
             row = ~self.continues
         else:

@@ -332,8 +332,8 @@ class RepairSession:
         listed = ["{} = {}: {}".format(r["path"] or "<root>", clip(r["value"], 80), "; ".join(r["errors"]))
                   for r in rejected]
         errors = listed + other
-        what = (f"{len(rejected)} rejected value{'s' if len(rejected) != 1 else ''}, each tried once: "
-                if rejected else "")
+        once = ", each tried once" if all(r["times"] == 1 for r in rejected) else ""
+        what = f"{len(rejected)} rejected value{'s' if len(rejected) != 1 else ''}{once}: " if rejected else ""
         return GiveUp(GenerationFailed("no valid output after {} repairs{}; {}{}".format(
             self.opts.max_repairs, " and the AR fallback" if s.fallback else "", what, " | ".join(errors)),
             errors=errors, partial_text=partial, stats=s, rejected=rejected))
