@@ -203,8 +203,9 @@ def _tools(req: ResponsesRequest) -> dict[str, Any]:
         if kind in ("function", "custom"):
             choice = {"type": kind, kind: {"name": choice.get("name")}}
         elif kind == "allowed_tools":
-            names = [t.get("name") for t in choice.get("tools") or [] if isinstance(t, dict)]
-            if not names or not all(isinstance(n, str) for n in names):
+            listed = choice.get("tools")
+            names = [t.get("name") for t in listed if isinstance(t, dict)] if isinstance(listed, list) else []
+            if not names or len(names) != len(listed) or not all(isinstance(n, str) for n in names):
                 raise APIError(400, "tool_choice.tools must list the allowed tools by name", param="tool_choice.tools",
                                code="invalid_tool_choice")
             out["allowed_tools"], choice = names, choice.get("mode", "auto")
