@@ -46,11 +46,12 @@ def _one_line(err: BaseException) -> str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from dgemma_struct.training.finetune_args import finetune_kwargs
     from dgemma_struct.training.train import train
 
     meta = train(args.out, minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
                  seed=args.seed, threads=args.threads, lr=args.lr, resume=args.resume, device=args.device,
-                 dtype=args.dtype, corpus=args.corpus, corpus_size=args.corpus_size)
+                 dtype=args.dtype, corpus=args.corpus, corpus_size=args.corpus_size, **finetune_kwargs(args))
     print(json.dumps(meta, indent=1))
     return 0
 
@@ -268,6 +269,7 @@ def _add_device(p: argparse.ArgumentParser, default: str | None = "auto", env: s
 
 def build_parser() -> argparse.ArgumentParser:
     """The command's argument parser (every subcommand, with range checks on its numbers)."""
+    from dgemma_struct.training.finetune_args import add_finetune_arguments
     parser = _Parser(prog="dgemma-struct", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
 
@@ -285,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the eight record families the shipped model was trained on; generalise: random "
                         "record schemas and phrasings with held-out families and phrasings (docs/model_card.md)")
     p.add_argument("--corpus-size", type=_POS_INT, default=60_000, help="training examples built (default 60000)")
+    add_finetune_arguments(p)
     _add_device(p)
     p.set_defaults(func=_cmd_train)
 

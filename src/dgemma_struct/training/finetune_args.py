@@ -1,0 +1,82 @@
+"""The fine-tuning flags of ``dgemma-struct train`` (:mod:`~dgemma_struct.training.recipe`'s knobs),
+kept beside the recipe so the command line and :func:`~dgemma_struct.training.train.train` name them once.
+
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_finetune_arguments(p)
+    >>> finetune_kwargs(p.parse_args(["--init-from", "embedded", "--mix", "0.3", "--t-dist", "high"]))["mix"]
+    0.3
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from dgemma_struct.training.recipe import T_DISTS
+
+#: flag dest -> train() keyword (the same names)
+FINETUNE_KNOBS = ("init_from", "mix", "warmup", "lr_floor", "checkpoint_every", "keep_checkpoints",
+                  "diffusion_views", "diffusion_weight", "t_dist", "self_condition", "sc_like_inference", "prefix")
+
+
+def _fraction(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not 0.0 <= x <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return x
+
+
+def _count(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            x = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+        if x < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return x
+    parse.__name__ = "int"
+    return parse
+
+
+def _positive(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return x
+
+
+def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
+    """Adds the fine-tuning flags (start checkpoint, corpus mix, schedule, diffusion objective) to ``p``."""
+    g = p.add_argument_group("fine-tuning (docs/model_card.md)")
+    g.add_argument("--init-from", default=None,
+                   help="start from this checkpoint directory's weights and tokenizer ('embedded': the shipped one)")
+    g.add_argument("--mix", type=_fraction, default=0.0,
+                   help="share of the corpus drawn from the original families, tools, short answers and thinking")
+    g.add_argument("--warmup", type=_count(0), default=150, help="warm-up steps of the learning rate (default 150)")
+    g.add_argument("--lr-floor", type=_fraction, default=0.1,
+                   help="the cosine decay ends at this fraction of --lr (default 0.1)")
+    g.add_argument("--checkpoint-every", type=_count(1), default=250,
+                   help="save model, optimizer and random state every N steps (default 250)")
+    g.add_argument("--keep-checkpoints", action="store_true", help="also keep each saved model in step_NNNNN/")
+    g.add_argument("--diffusion-views", type=_count(1), default=1,
+                   help="denoised blocks per encoder pass (default 1)")
+    g.add_argument("--diffusion-weight", type=_positive, default=1.0, help="weight of the diffusion loss (default 1)")
+    g.add_argument("--t-dist", choices=T_DISTS, default="uniform", help="how noise rates are drawn (default uniform)")
+    g.add_argument("--self-condition", type=_fraction, default=0.5,
+                   help="probability of a self-conditioning pass (default 0.5)")
+    g.add_argument("--sc-like-inference", action="store_true",
+                   help="self-condition on temperature-scaled logits of a noisier canvas, as inference does")
+    g.add_argument("--prefix", type=_fraction, default=0.0,
+                   help="share of blocks corrupted after a clean prefix of random length (constrained decoding's pattern)")
+
+
+def finetune_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`~dgemma_struct.training.train.train` keywords of parsed fine-tuning flags."""
+    return {k: getattr(args, k) for k in FINETUNE_KNOBS}
