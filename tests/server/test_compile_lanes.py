@@ -76,10 +76,10 @@ def test_identical_specs_arriving_together_compile_once(state, monkeypatch):
     calls = []
     real = state._compile_blocking
 
-    def counted(spec):
+    def counted(spec, max_tokens=None):
         calls.append(spec)
         time.sleep(0.2)
-        return real(spec)
+        return real(spec, max_tokens)
 
     monkeypatch.setattr(state, "_compile_blocking", counted)
     spec = {"type": "object", "properties": {"burst": {"type": "integer"}}, "required": ["burst"]}
@@ -90,3 +90,16 @@ def test_identical_specs_arriving_together_compile_once(state, monkeypatch):
     out = asyncio.run(burst())
     assert len(calls) == 1 and all(c is out[0] for c in out)
     assert not state._inflight
+
+
+def test_server_compiles_with_the_python_apis_defaults(state):
+    """A request's constraint has the GenerateOptions defaults: numbers no longer than their type
+    (bounded_numbers) and strings without maxLength bounded by the request's max_tokens (field_budget)."""
+    spec = {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}},
+            "required": ["s", "n"], "additionalProperties": False}
+    bounded = asyncio.run(state.compile(spec, "response_format", 64))
+    long_text, huge = '{"s":"' + "a" * 500 + '","n":1}', '{"s":"a","n":' + "9" * 30 + "}"
+    assert bounded.grammar_accepts('{"s":"abc","n":12}')
+    assert not bounded.grammar_accepts(long_text) and not bounded.grammar_accepts(huge)
+    wide = asyncio.run(state.compile(spec, "response_format", None))   # no budget: only the number bound
+    assert wide.grammar_accepts(long_text) and not wide.grammar_accepts(huge)

@@ -106,13 +106,19 @@ def test_bad_enable_thinking_value_is_400(eclient):
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs.enable_thinking"
 
 
+def _document(prompt: str) -> str:
+    """The default grounding source of an instruction-then-document prompt: its document part."""
+    return prompt.split("\n", 1)[1]
+
+
 def _assert_grounded(choice: dict, content: str, source: str) -> None:
     value = json.loads(content)
     jsonschema.validate(value, PERSON)
-    spans = choice["grounding"]["spans"]
+    spans, docs = choice["grounding"]["spans"], choice["grounding"]["sources"]
+    assert docs == [source], docs
     assert sorted(s["pointer"] for s in spans) == ["/city", "/name"], spans
     for s in spans:   # every grounded value is verbatim the source at its offsets
-        assert s["doc"] == 0 and source[s["start"]:s["end"]] == s["text"] == value[s["path"][0]], s
+        assert s["doc"] == 0 and docs[0][s["start"]:s["end"]] == s["text"] == value[s["path"][0]], s
 
 
 def test_grounding_request_field(eclient):
@@ -123,7 +129,7 @@ def test_grounding_request_field(eclient):
     content = choice["message"]["content"]
     value = json.loads(content)
     assert value["name"] in SOURCE_PROMPT and value["city"] in SOURCE_PROMPT
-    _assert_grounded(choice, content, SOURCE_PROMPT)
+    _assert_grounded(choice, content, _document(SOURCE_PROMPT))
 
 
 def test_grounding_schema_marker_and_explicit_source_on_completions(eclient):
@@ -150,7 +156,7 @@ def test_grounding_streams_spans_on_the_final_chunk(eclient):
     text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     final = events[-1]["choices"][0]
     assert final["finish_reason"] == "stop"
-    _assert_grounded(final, text, SOURCE_PROMPT)
+    _assert_grounded(final, text, _document(SOURCE_PROMPT))
 
 
 @pytest.mark.parametrize("extra,code", [
@@ -241,7 +247,7 @@ def test_grounding_per_prompt_sources_and_n(eclient):
     choices = r.json()["choices"]
     assert len(choices) == 4
     for i, choice in enumerate(choices):   # choice i*n + j is sample j of prompt i, grounded in prompt i
-        _assert_grounded(choice, choice["text"], prompts[i // 2])
+        _assert_grounded(choice, choice["text"], _document(prompts[i // 2]))
 
 
 def test_thinking_and_plain_rows_in_one_batch_on_real_shape(rclient):

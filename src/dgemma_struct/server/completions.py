@@ -140,12 +140,14 @@ def row_of(state: ServerState, r: Any, stops: list[str]) -> tuple[str, str, int,
 
 
 def spans_of(constraint: Any, text: str) -> dict | None:
-    """The grounding extension of one choice: ``{"spans": [...]}`` of its grounded values."""
+    """The grounding extension of one choice: ``{"spans": [...], "sources": [...]}``: its grounded values and
+    the documents their ``doc`` / ``start`` / ``end`` index into (by default the prompt's document part,
+    the instruction line left out)."""
     try:
         spans, _ = constraint.locate(json.loads(text))
     except ValueError:
         return None
-    return {"spans": [s.to_dict() for s in spans]}
+    return {"spans": [s.to_dict() for s in spans], "sources": list(constraint.sources)}
 
 
 async def _rendered(render: Any) -> Any:
@@ -235,7 +237,7 @@ async def _constraints(state: ServerState, req: Any, plan: _Plan, prompts: list[
     if grounded is not None:
         specs = [await state.compile_grounded(plan.spec, p, grounded, plan.param) for p in prompts]
         return specs, [prompt_with_sources(p, c.sources) for p, c in zip(prompts, specs)], grounded
-    return [await state.compile(plan.spec, plan.param)] * len(prompts), prompts, None
+    return [await state.compile(plan.spec, plan.param, plan.max_tokens)] * len(prompts), prompts, None
 
 
 @dataclass

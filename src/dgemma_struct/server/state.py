@@ -99,18 +99,24 @@ class ServerState:
             await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------------ request handling
-    def _compile_blocking(self, spec: Any) -> Any:
+    def _constraint(self, spec: Any, max_tokens: int | None) -> Any:
+        # the Python API's defaults (GenerateOptions: bounded_numbers, field_budget): numbers no longer
+        # than their type, strings without maxLength bounded by the request's token budget
+        return constraint_for(spec, self.runtime, bounded_numbers=True, field_budget=max_tokens)
+
+    def _compile_blocking(self, spec: Any, max_tokens: int | None = None) -> Any:
         if self.pool is not None:
             rt = self.runtime
             self.pool.probe(spec, rt.tokenizer, stop_token_ids=list(rt.eos_token_ids),
                             vocab_size=rt.model.config.text_config.vocab_size,
                             timeout_s=self.config.compile_timeout_s)
-        return constraint_for(spec, self.runtime)
+        return self._constraint(spec, max_tokens)
 
-    async def compile(self, spec: Any, param: str | None) -> Any:
+    async def compile(self, spec: Any, param: str | None, max_tokens: int | None = None) -> Any:
         """Compile a request's constraint: first in a worker process (a crash or runaway compile
         there is a typed 400), then in-process for generation (cached). A spec refused before (here,
-        or by another replica sharing the verdicts) is refused at once (:mod:`.verdicts`)."""
+        or by another replica sharing the verdicts) is refused at once (:mod:`.verdicts`).
+        ``max_tokens``: the request's budget, from which strings without ``maxLength`` get theirs."""
         if spec is None:
             return None
         key = spec_key(spec)
@@ -122,29 +128,30 @@ class ServerState:
                            param=param, code=verdict.get("code"))
         # one compile per spec at a time: identical requests arriving together (a client's burst)
         # wait for the first one's compile instead of taking every slot with the same work
-        running = self._inflight.get(key)
+        flight = (key, max_tokens)
+        running = self._inflight.get(flight)
         if running is not None:
             return await asyncio.shield(running)
-        task = asyncio.ensure_future(self._compile_once(key, spec, param))
-        self._inflight[key] = task
+        task = asyncio.ensure_future(self._compile_once(key, spec, param, max_tokens))
+        self._inflight[flight] = task
         try:
             return await asyncio.shield(task)
         finally:
             if task.done():
-                self._inflight.pop(key, None)
+                self._inflight.pop(flight, None)
             else:   # this caller went away: the compile goes on for the others, then leaves the map
-                task.add_done_callback(functools.partial(self._compiled, key))
+                task.add_done_callback(functools.partial(self._compiled, flight))
 
-    def _compiled(self, key: str, task: asyncio.Future) -> None:
+    def _compiled(self, key: tuple, task: asyncio.Future) -> None:
         self._inflight.pop(key, None)
         if not task.cancelled():
             task.exception()   # retrieved: an error nobody waits for any more is not logged as lost
 
-    async def _compile_once(self, key: str, spec: Any, param: str | None) -> Any:
+    async def _compile_once(self, key: str, spec: Any, param: str | None, max_tokens: int | None) -> Any:
         t0 = time.perf_counter()
         hits = cache_info().hits
         try:
-            out = await self._compile(spec, param)
+            out = await self._compile(spec, param, max_tokens)
         except APIError as err:
             if err.status == 400 and err.code in REMEMBERED_CODES:
                 self.verdicts.remember(key, {"status": err.status, "message": err.message, "code": err.code})
@@ -155,12 +162,12 @@ class ServerState:
             self.metrics.compile_cache.labels(outcome="hit" if cache_info().hits > hits else "miss").inc()
         return out
 
-    async def _compile(self, spec: Any, param: str | None) -> Any:
+    async def _compile(self, spec: Any, param: str | None, max_tokens: int | None) -> Any:
         loop = asyncio.get_running_loop()
         limit = self.config.compile_timeout_s
         if self.pool is not None and await loop.run_in_executor(self.known_executor, self.pool.known_ok, spec):
             try:   # a big compile in progress never holds up a spec that compiled before
-                return await loop.run_in_executor(self.known_executor, constraint_for, spec, self.runtime)
+                return await loop.run_in_executor(self.known_executor, self._constraint, spec, max_tokens)
             except DgemmaStructError as err:
                 raise api_error_for(err, param=param) from None
         sem, executor = await self._slot(spec, param)
@@ -170,7 +177,8 @@ class ServerState:
             # the probe enforces the compile timeout itself (it kills the worker); the margin here
             # covers starting a worker and the in-process compile after the probe
             margin = (self.pool.start_timeout_s + limit) if self.pool is not None else 0.0
-            return await compiled(loop.run_in_executor(executor, functools.partial(self._compile_blocking, spec)),
+            return await compiled(loop.run_in_executor(executor, functools.partial(self._compile_blocking, spec,
+                                                                                   max_tokens)),
                                   limit, grace=margin, param=param)
         finally:
             sem.release()
