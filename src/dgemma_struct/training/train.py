@@ -191,7 +191,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
 
     With ``max_steps`` the learning-rate schedule follows steps, so a run is deterministic for a
     seed and thread count (``minutes`` is then only a cap on this call); without it the schedule
-    follows wall time. Every 250 steps the model, the optimizer and the random states are saved
+    follows wall time and ``minutes`` is the whole run's, resumed parts included. Every 250 steps the model, the optimizer and the random states are saved
     (``train_state.pt``), so ``resume=True`` continues the same run, schedule included, where it stopped.
 
     ``device``: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda[:N]"``; the weights stay float32
@@ -280,12 +280,15 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
 
     while step < step_budget:
         elapsed = time.time() - start
-        if elapsed > minutes * 60:
+        # a wall-time run's minutes are the whole run's, resumed parts included; with max_steps, this call's
+        if (elapsed if max_steps is not None else seconds_before + elapsed) > minutes * 60:
             break
         if max_steps is not None:
             cur_lr = lr_at(step, max_steps, lr=lr, warmup=warmup, floor=lr_floor)
         else:
-            cur_lr = lr_at(step, step * minutes * 60 / max(elapsed, 1e-9), lr=lr, warmup=warmup, floor=lr_floor)
+            # a resumed wall-time run goes on along the same schedule: its earlier seconds count
+            done_s = seconds_before + elapsed
+            cur_lr = lr_at(step, step * minutes * 60 / max(done_s, 1e-9), lr=lr, warmup=warmup, floor=lr_floor)
         for g in opt.param_groups:
             g["lr"] = cur_lr
         group = groups[0] if rng.random() < len(groups[0]) / len(encoded) else groups[1]
