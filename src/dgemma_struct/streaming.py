@@ -23,7 +23,7 @@ from dgemma_struct.runtime import DiffusionRuntime
 
 # the knobs ``stream`` takes as keywords (the loop is diffusion; one repair, no fallback)
 STREAM_KNOBS = ("max_new_tokens", "seed", "strict", "strict_objects", "whitespace", "timeout_s", "separators",
-                "bounded_numbers", "field_budget")
+                "bounded_numbers", "field_budget", "confidence")
 _STREAM_FIXED = dict(mode="diffusion", max_repairs=1, fallback=False, n=1, return_details=False)
 
 
@@ -73,7 +73,8 @@ def stream(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = None
     a typed error instead of ending with bad data.
 
     Keywords: ``max_new_tokens`` (128), ``seed`` (0), ``strict``, ``strict_objects``, ``whitespace``, ``timeout_s``,
-    ``separators``, ``temperature`` and ``top_p`` (``None``: from ``options``, default 1.0), as in
+    ``separators``, ``bounded_numbers``, ``field_budget``, ``confidence`` (the final event's
+    ``confidence``), ``temperature`` and ``top_p`` (``None``: from ``options``, default 1.0), as in
     :func:`~dgemma_struct.api.generate`; they override ``options``. The loop is always diffusion."""
     sampling = {k: v for k, v in (("temperature", temperature), ("top_p", top_p)) if v is not None}
     opts = GenerateOptions.build(options, {**knobs, **sampling}, verb="stream",

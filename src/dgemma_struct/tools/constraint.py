@@ -46,12 +46,14 @@ class ToolCall:
 @dataclass
 class ToolCallResult:
     """``calls`` (possibly empty with ``tool_choice="auto"``/``"none"``), ``content`` (the text answer
-    when the model did not call), the raw ``text`` and ``stats``."""
+    when the model did not call), the raw ``text`` and ``stats``; with ``confidence=True`` also
+    ``confidence`` (``{"": p}``: the probability of the whole call text under the constraint)."""
 
     calls: list[ToolCall]
     content: str | None
     text: str
     stats: GenerationStats = field(default_factory=GenerationStats)
+    confidence: dict[str, float] | None = None
 
     @property
     def finish_reason(self) -> str:
