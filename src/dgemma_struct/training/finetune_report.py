@@ -40,7 +40,8 @@ def ablation_table(data: dict) -> str:
 
 def splits_table(data: dict) -> str:
     """Shipped vs fine-tuned field accuracy per split, mode and arm (exact records in brackets)."""
-    lines = ["| split | mode | arm | shipped | fine-tuned | median fwd (shipped → tuned) |", "|---|---|---|--:|--:|--:|"]
+    lines = ["| split | mode | arm | shipped | fine-tuned | median fwd (shipped → tuned) |",
+             "|---|---|---|--:|--:|--:|"]
     before, after = data["shipped"]["splits"], data["tuned"]["splits"]
     for s in SPLITS:
         for mode in after[s]:

@@ -191,7 +191,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
 
     With ``max_steps`` the learning-rate schedule follows steps, so a run is deterministic for a
     seed and thread count (``minutes`` is then only a cap on this call); without it the schedule
-    follows wall time and ``minutes`` is the whole run's, resumed parts included. Every 250 steps the model, the optimizer and the random states are saved
+    follows wall time and ``minutes`` is the whole run's, resumed parts included. Every
+    ``checkpoint_every`` steps the model, the optimizer and the random states are saved
     (``train_state.pt``), so ``resume=True`` continues the same run, schedule included, where it stopped.
 
     ``device``: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda[:N]"``; the weights stay float32
