@@ -114,26 +114,9 @@ def test_the_checker_can_fail():
         _run_blocks(blocks("```python\n1 / 0\n```\n"), {})
 
 
-# Blocks on pages this test's owner does not edit that cannot run as written (API sketches, a server or the
-# hub needed) and do not carry their skip comment yet: (page, the block's first line) -> reason. The page's
-# owner adds the comment above the block (the same reason), then the entry goes.
-PENDING_MARKS = {
-    ("docs/constraints.md", "from dgemma_struct.constraints import compile_constraint, Constraint, Regex, Grammar, "
-                            "Choice, JsonSchema, CanvasWalker"): "an API sketch: spec, hf_tokenizer are placeholders",
-    ("docs/constraints.md", "w = c.canvas_walker()"): "an API sketch: c and draft are placeholders",
-    ("docs/kernels.md", "from dgemma_struct.kernels import ("): "an API listing (imports Triton)",
-    ("docs/kernels.md", "logits = model(canvas).logits.view(-1, V)                     # [B*256, V]"):
-        "an API sketch: model, canvas are placeholders",
-    ("docs/server.md", "from openai import OpenAI"): "needs a running dgemma-struct server",
-    ("docs/tools.md", "from pydantic import BaseModel"): "needs a checkpoint directory (path/to/diffusiongemma)",
-    ("docs/confidence.md", "res = generate_json(prompt, schema=Invoice, return_details=True, confidence=True)"):
-        "an API sketch: prompt and Invoice are placeholders",
-}
-
-
 def skip_reason(b: Block) -> str | None:
-    """The page's own skip reason, else a pending one from :data:`PENDING_MARKS`."""
-    return b.skip or PENDING_MARKS.get((b.page, b.code.split("\n", 1)[0]))
+    """The page's own skip reason (an HTML comment just before the block)."""
+    return b.skip
 
 
 def _run_blocks(page_blocks: list[Block], namespace: dict) -> list[tuple[Block, str]]:
