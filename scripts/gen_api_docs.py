@@ -13,6 +13,8 @@ MODULES = [
     ("dgemma_struct.runtime", ["DiffusionRuntime"]),
     ("dgemma_struct.prompts", ["ChatPrompt"]),
     ("dgemma_struct.results", ["GenerationResult", "GenerationStats", "CanvasEvent"]),
+    ("dgemma_struct.repair.field_confidence", ["confidence_of"]),
+    ("dgemma_struct.constraints.type_table", ["type_table"]),
     ("dgemma_struct.constraints", ["compile_constraint", "Constraint", "Regex", "Grammar", "Choice", "JsonSchema",
                                    "CanvasWalker", "WalkResult"]),
     ("dgemma_struct.constraints.thinking", ["with_thinking", "ThinkingConstraint"]),
