@@ -13,7 +13,8 @@ Arms (per mode, diffusion and AR):
 * ``free``         unconstrained (``runtime.generate_batch``), parsed with ``json.loads``
 * ``schema``       constrained to the family schema (``generate_batch``)
 * ``grounded``     the same schema with ``ground="all"``: strings are spans, numbers are numbers of
-                   the source; the source is the prompt (the default)
+                   the source; the default source: the prompt's document part (the text after its
+                   instruction line; before issue #34 the whole prompt, instruction words included)
 * ``grounded-doc`` the same with ``source=`` the sentence only (the instruction words are not offered)
 
 Reported: schema-valid rate, field accuracy (share of fields equal to the reference), exact-record
@@ -51,12 +52,12 @@ import torch  # noqa: E402
 from dgemma_struct.api import generate_batch  # noqa: E402
 from dgemma_struct.errors import DgemmaStructError  # noqa: E402
 from dgemma_struct.grounding import (GroundedResult, generate_grounded, generate_grounded_batch,  # noqa: E402
-                                    source_numbers)
+                                    grounded_sources, source_numbers)
 from dgemma_struct.runtime import DiffusionRuntime  # noqa: E402
 from dgemma_struct.training.corpus import make_corpus  # noqa: E402
 
 ARMS = ["free", "schema", "grounded", "grounded-doc"]
-LABEL = {"free": "unconstrained", "schema": "constrained (schema only)", "grounded": "grounded (source = prompt)",
+LABEL = {"free": "unconstrained", "schema": "constrained (schema only)", "grounded": "grounded (default source)",
          "grounded-doc": "grounded (source = sentence)"}
 HELD_OUT_SEED, TRAIN_SEED, TRAIN_SIZE = 12345, 0, 60000
 
@@ -201,7 +202,8 @@ def run_arm(rt: DiffusionRuntime, arm: str, mode: str, examples: list[dict], bat
             row["valid"] = v is not None and jsonschema.Draft202012Validator(
                 e["schema"], format_checker=jsonschema.FormatChecker()).is_valid(v)
             row["acc"] = field_accuracy(v, e["fields"])
-            src = sentence_of(e["prompt"]) if arm == "grounded-doc" else e["prompt"]
+            src = sentence_of(e["prompt"]) if arm == "grounded-doc" else \
+                grounded_sources(e["prompt"])[0] if arm == "grounded" else e["prompt"]
             vals = [x for x in leaves(v) if isinstance(x, (str, int, float)) and not isinstance(x, bool)] \
                 if v is not None else []
             row["n_values"] = len(vals)

@@ -15,6 +15,14 @@ def test_text_prompt_grounds_in_the_text_after_the_instruction_line():
     assert grounded_sources(f"{INSTRUCTION}\n{DOC}\nSecond line.") == (f"{DOC}\nSecond line.",)
 
 
+def test_document_then_instruction_and_instruction_colon_document():
+    # the corpus's other shapes: the instruction closes the prompt, or opens one line before a colon
+    assert grounded_sources(f"{DOC}\nReturn a JSON object with customer, email, order_id and total.") == (DOC,)
+    assert grounded_sources(f"Convert to JSON with fields customer and total: {DOC}") == (DOC,)
+    # neither line reads as an instruction: the whole text is the document
+    assert grounded_sources(f"Name: Maria Keller\n{DOC}") == (f"Name: Maria Keller\n{DOC}",)
+
+
 def test_one_line_prompt_is_its_own_document():
     assert grounded_sources(DOC) == (DOC,)
     assert grounded_sources(f"{DOC}\n   ") == (f"{DOC}\n   ",)   # nothing after the first line

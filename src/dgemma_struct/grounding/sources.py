@@ -99,22 +99,51 @@ def _user_texts(prompt: Any) -> list[str]:
     raise InvalidRequestError(f"a prompt must be text or a list of chat messages, not {type(prompt).__name__}")
 
 
+#: how an instruction opens (an imperative or a question word), besides naming JSON anywhere
+_INSTRUCTION = re.compile(r"\s*(?:please\s+)?(?:extract|return|convert|give|classify|list|fill|parse|output|produce|"
+                          r"answer|write|find|identify|summari[sz]e|tell|provide|get|pull|read|turn|format|create|"
+                          r"generate|make|put|build|respond|reply|what|which|who|when|where|how)\b", re.I)
+
+
+def is_instruction(line: str) -> bool:
+    """Whether a line reads as the instruction of a prompt rather than its document.
+
+    >>> is_instruction("Return a JSON object with name and city."), is_instruction("Ada lives in Oslo.")
+    (True, False)
+    """
+    return bool(_INSTRUCTION.match(line)) or "json" in line.lower()
+
+
 def document_part(text: str) -> str:
-    """The document in an instruction-then-document text: what follows the first line, when both the
-    first line and the rest hold text; else the whole text (a one-line prompt is its own document).
+    """The document of an instruction-and-document text: the lines after an instruction line that opens
+    the text, else the lines before one that closes it; a one-line text that opens with an instruction
+    and a colon, what follows the colon; else the whole text (then it is its own document).
 
     >>> document_part("Extract the name as JSON.\\nAlice Gomez is 51.")
+    'Alice Gomez is 51.'
+    >>> document_part("Alice Gomez is 51.\\nReturn a JSON object with name and age.")
+    'Alice Gomez is 51.'
+    >>> document_part("Convert to JSON with fields name and age: Alice Gomez is 51.")
     'Alice Gomez is 51.'
     >>> document_part("Alice Gomez is 51.")
     'Alice Gomez is 51.'
     """
-    head, sep, tail = text.partition("\n")
-    return tail if sep and head.strip() and tail.strip() else text
+    lines = text.split("\n")
+    filled = [i for i, line in enumerate(lines) if line.strip()]
+    if len(filled) >= 2:
+        first, last = filled[0], filled[-1]
+        if is_instruction(lines[first]):
+            return "\n".join(lines[first + 1:])
+        if is_instruction(lines[last]):
+            return "\n".join(lines[:last])
+        return text
+    head, sep, tail = text.partition(": ")
+    return tail if sep and tail.strip() and "\n" not in head and is_instruction(head) else text
 
 
 def default_sources(prompt: Any) -> list[str]:
     """The documents a prompt grounds in when no ``source`` is given: a text prompt's document part
-    (:func:`document_part`: the instruction on its first line is not a source); for a chat prompt,
+    (:func:`document_part`: the instruction line is not a source); for a chat prompt,
     the user messages, each cut the same way unless a system or developer message carries the
     instruction (then each user message is a document whole)."""
     texts = _user_texts(prompt)
