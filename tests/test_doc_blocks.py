@@ -169,3 +169,12 @@ def test_the_front_pages_link_only_to_pages_that_exist():
     for page in (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "getting_started.md"):
         missing = [str(p) for p in _links(page) if not p.exists()]
         assert missing == [], (page.name, missing)
+
+
+def test_every_skip_mark_is_read_as_one():
+    """A ``doc-test:`` comment the parser cannot read (a reason with parentheses) would run its block."""
+    for page in PAGES:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith("<!--") and "doc-test:" in line:
+                assert SKIP.fullmatch(line.strip()), f"{page.name}:{n}: unreadable skip mark {line.strip()!r}"
+    assert not SKIP.fullmatch("<!-- doc-test: skip (needs a dir (path)) -->")

@@ -148,7 +148,7 @@ def test_drain_refuses_new_work_with_retry_after(rt):
 def test_a_refused_constraint_is_refused_at_once_the_second_time(rt, monkeypatch):
     calls = []
 
-    def slow_refusal(spec, runtime):
+    def slow_refusal(spec, runtime, **knobs):
         calls.append(spec)
         time.sleep(1.0)
         raise ConstraintCompileTimeout("compiling took too long")
@@ -184,7 +184,7 @@ def test_verdicts_are_shared_between_servers(rt, monkeypatch):
 
     calls = []
 
-    def refusal(spec, runtime):
+    def refusal(spec, runtime, **knobs):
         calls.append(spec)
         raise ConstraintCompileTimeout("compiling took too long")
     monkeypatch.setattr(state_mod, "constraint_for", refusal)
