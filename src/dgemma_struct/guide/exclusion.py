@@ -121,22 +121,6 @@ class TokenBytes:
             while len(self._rows) > 256:
                 self._rows.popitem(last=False)
         return row
-        if not rest:
-            row = ~self.continues
-        else:
-            lo = bisect.bisect_left(self._keys, rest)
-            hi = lo
-            while hi < len(self._keys) and self._keys[hi].startswith(rest):
-                hi += 1
-            ids = self._ids[lo:hi]
-            if delimited:
-                n = len(rest)
-                ids = [t for t in ids if len(self.bytes[t]) > n and self.bytes[t][n] not in SCALAR_BYTES]
-            row = _mask_of(ids, self.n_words)
-        self._rows[key] = row
-        if len(self._rows) > 256:
-            self._rows.popitem(last=False)
-        return row
 
 
 def _mask_of(ids: Sequence[int], n_words: int) -> np.ndarray:
