@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from pydantic import BaseModel, ValidationError, create_model  # noqa: E402
 
+from batch_scaling import write_results  # noqa: E402
 from typed_corpus import CORPUS, PROBES  # noqa: E402
 
 INT64 = (-(2 ** 63), 2 ** 63 - 1)
@@ -317,11 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     before = json.loads(Path(args.before).read_text()) if args.before else None
     if args.render:
-        res = merge([json.loads(Path(f).read_text()) for f in args.render.split(",")])
-        Path(f"{args.out}.json").write_text(json.dumps(res, indent=1, default=str))
-        md = markdown(res, before)
-        Path(f"{args.out}.md").write_text(md)
-        print(md)
+        write_results(merge([json.loads(Path(f).read_text()) for f in args.render.split(",")]), args.out,
+                      lambda r: markdown(r, before))
         return 0
 
     import torch
@@ -352,9 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         res["meta"]["run_s"] = time.perf_counter() - t_start
         Path(f"{out}.json").write_text(json.dumps(res, indent=1, default=str))
         print(case.name, [(r["mode"], r["ok"], r["error"], r["repairs"], r["wall_s"]) for r in reqs], flush=True)
-    md = markdown(res, before)
-    Path(f"{out}.md").write_text(md)
-    print(md)
+    write_results(res, out, lambda r: markdown(r, before))
     return 0
 
 
