@@ -21,6 +21,15 @@ _WS = " \t\n\r"
 _NUM = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
 
 
+def pointer(path: Sequence[Any]) -> str:
+    """The JSON Pointer (RFC 6901) of a path of keys and indices.
+
+    >>> pointer(("lines", 0, "a/b~c")), pointer(())
+    ('/lines/0/a~1b~0c', '')
+    """
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
 def value_offsets(text: str) -> dict[tuple, int]:
     """Character offset where the value at each JSON path starts (the root is ``()``).
     Scans as far as the text is well-formed; a truncated text yields the paths seen so far."""

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from dgemma_struct.constraints.json_locate import pointer as json_pointer
 from dgemma_struct.errors import GroundingError, InvalidRequestError
 
 
@@ -243,7 +244,7 @@ class GroundedSpan:
     @property
     def pointer(self) -> str:
         """The JSON Pointer (RFC 6901) of the value."""
-        return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in self.path)
+        return json_pointer(self.path)
 
     @property
     def label(self) -> str:

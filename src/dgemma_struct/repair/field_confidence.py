@@ -28,11 +28,10 @@ Example::
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from dgemma_struct.constraints.json_locate import value_offsets
+from dgemma_struct.constraints.json_locate import pointer, value_spans
 from dgemma_struct.results import GenerationResult
 
 if TYPE_CHECKING:
@@ -40,18 +39,6 @@ if TYPE_CHECKING:
 
 __all__ = ["pointer", "leaf_spans", "token_spans", "field_token_logprobs", "confidence_of", "COMBINE",
            "record_for_confidence", "attach_confidence"]
-
-_DECODER = json.JSONDecoder()
-
-
-def pointer(path: Sequence[Any]) -> str:
-    """The JSON Pointer (RFC 6901) of a path of keys and indices.
-
-    >>> pointer(("lines", 0, "a/b~c")), pointer(())
-    ('/lines/0/a~1b~0c', '')
-    """
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
-
 
 def leaf_spans(answer: str) -> dict[str, tuple[int, int]]:
     """``pointer -> (start, end)`` characters of every leaf value of the JSON text ``answer``
@@ -61,15 +48,13 @@ def leaf_spans(answer: str) -> dict[str, tuple[int, int]]:
     >>> leaf_spans('{"a":[1,"b"],"c":{}}')
     {'/a/0': (6, 8), '/a/1': (8, 11), '/c': (17, 19)}
     """
+    spans, _ = value_spans(answer)
+    parents = {path[:-1] for path in spans if path}
     out: dict[str, tuple[int, int]] = {}
-    for path, start in value_offsets(answer).items():
-        try:
-            value, end = _DECODER.raw_decode(answer, start)
-        except ValueError:
+    for path, (start, end) in spans.items():
+        if end < 0 or path in parents:   # unfinished, or a container with members
             continue
-        if isinstance(value, (dict, list)) and value:
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and end < len(answer):
+        if answer[start] in "-0123456789" and end < len(answer):
             end += 1
         out[pointer(path)] = (start, end)
     return out

@@ -25,7 +25,7 @@ from dgemma_struct.constraints import Constraint, ValidationIssue
 from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.engine.token_logprobs import named
-from dgemma_struct.constraints.json_locate import Ban, Rejection, char_to_token_index
+from dgemma_struct.constraints.json_locate import Ban, Rejection, char_to_token_index, pointer
 from dgemma_struct.guide.exclusion import Exclusion, TokenBytes, dead_end_ban, sharpen
 from dgemma_struct.constraints.safety import clip
 from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from dgemma_struct.runtime import DiffusionRuntime
 
 __all__ = ["Attempt", "Accept", "Redo", "GiveUp", "Verdict", "LeastJunk", "RepairSession", "batch_guide", "min_length_tokens",
-           "pointer", "split_reasoning"]
+           "split_reasoning"]
 
 FORCED_PREFIX_SCAN = 4096   # tokens of a constraint's forced prefix looked at for its minimum length
 ATTEMPT_SEED_STRIDE = 1000  # attempt k draws from seed + k * stride
@@ -80,15 +80,6 @@ class LeastJunk:
     junk: int
     attempt: Attempt
     outcome: Any
-
-
-def pointer(path: Sequence[Any]) -> str:
-    """The JSON Pointer of a path (RFC 6901).
-
-    >>> pointer(("a/b", 0, "c~"))
-    '/a~1b/0/c~0'
-    """
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
 def split_reasoning(constraint: Constraint, text: str) -> tuple[str | None, str]:
