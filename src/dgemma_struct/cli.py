@@ -382,11 +382,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the command; a foreseen failure prints one ``error: ...`` line to stderr and returns 2."""
-    args = build_parser().parse_args(argv)
+    """Runs the command; a foreseen failure prints one ``error: ...`` line and returns 2, a Ctrl-C 130."""
     from dgemma_struct.errors import DgemmaStructError
 
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except (DgemmaStructError, OSError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)

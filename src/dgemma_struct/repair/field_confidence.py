@@ -29,16 +29,14 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from dgemma_struct.constraints.json_locate import pointer, value_spans
 from dgemma_struct.results import GenerationResult
 
-if TYPE_CHECKING:
-    from dgemma_struct.repair.session import RepairSession
-
 __all__ = ["pointer", "leaf_spans", "token_spans", "field_token_logprobs", "confidence_of", "COMBINE",
-           "record_for_confidence", "attach_confidence"]
+           "attach_confidence"]
+
 
 def leaf_spans(answer: str) -> dict[str, tuple[int, int]]:
     """``pointer -> (start, end)`` characters of every leaf value of the JSON text ``answer``
@@ -115,24 +113,6 @@ def confidence_of(text: str, pieces: Sequence[str], logprobs: Sequence[float], *
     return {ptr: min(1.0, max(0.0, how(lps))) for ptr, lps in fields.items()}
 
 
-def record_for_confidence(session: RepairSession) -> bool:
-    """Switches on the per-token recording a session needs for its confidence (``logprobs=0`` when
-    it asked for none). Returns True when it did, so :func:`attach_confidence` drops the entries
-    the caller did not ask for. Recording draws nothing: the output is the same with or without.
-
-    >>> from types import SimpleNamespace
-    >>> from dgemma_struct.options import GenerateOptions
-    >>> s = SimpleNamespace(opts=GenerateOptions(confidence=True))
-    >>> record_for_confidence(s), s.opts.logprobs
-    (True, 0)
-    """
-    o = session.opts
-    if not o.confidence or o.logprobs is not None:
-        return False
-    session.opts = o.with_overrides(logprobs=0)
-    return True
-
-
 def _pieces(tokenizer: Any, result: GenerationResult) -> tuple[list[str], int]:
     """Each token's text, cut so that they add up to the decoded output, and the characters of
     thought before the answer. The entries' own texts are used when they add up (a byte-fallback
@@ -147,15 +127,17 @@ def _pieces(tokenizer: Any, result: GenerationResult) -> tuple[list[str], int]:
     return [full[a:b] for a, b in zip([0] + ends[:-1], ends)], len(full) - len(result.text)
 
 
-def attach_confidence(result: Any, session: RepairSession, *, drop_logprobs: bool = False) -> Any:
-    """``result`` (a :class:`~dgemma_struct.results.GenerationResult` of ``session``) with its
-    ``confidence`` filled when the session asked for it; anything else (a typed error) as it is.
-    ``drop_logprobs``: the entries were recorded only for this (:func:`record_for_confidence`)."""
-    if not isinstance(result, GenerationResult) or not session.opts.confidence or result.logprobs is None:
+def attach_confidence(result: GenerationResult, tokenizer: Any, *, json_output: bool,
+                      drop_logprobs: bool = False) -> GenerationResult:
+    """``result`` with its ``confidence`` filled from its recorded token logprobs (``json_output``:
+    the answer is a JSON value, one confidence per leaf; else one for the whole text).
+    ``drop_logprobs``: the entries were recorded only for this (the caller asked for none), and go.
+    :meth:`~dgemma_struct.repair.session.RepairSession.finish` calls it for a session that asked."""
+    if result.logprobs is None:
         return result
-    pieces, skip = _pieces(session.rt.tokenizer, result)
+    pieces, skip = _pieces(tokenizer, result)
     result.confidence = confidence_of(result.text, pieces, [e.logprob for e in result.logprobs],
-                                      json_output=session.c.schema is not None, skip=skip)
+                                      json_output=json_output, skip=skip)
     if drop_logprobs:
         result.logprobs = None
     return result

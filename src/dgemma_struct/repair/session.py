@@ -29,6 +29,7 @@ from dgemma_struct.constraints.json_locate import Ban, Rejection, char_to_token_
 from dgemma_struct.guide.exclusion import Exclusion, TokenBytes, dead_end_ban, sharpen
 from dgemma_struct.constraints.safety import clip
 from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
+from dgemma_struct.repair.field_confidence import attach_confidence
 from dgemma_struct.results import GenerationResult, GenerationStats
 
 if TYPE_CHECKING:
@@ -114,7 +115,10 @@ class RepairSession:
         self.rt = runtime
         self.prompt_ids = prompt_ids
         self.c = constraint
-        self.opts = options
+        # per-field confidence is read off the recorded token logprobs: a session that asks for it and
+        # for no logprobs records them (which draws nothing: the output is the same) and drops them
+        self.confidence_only_logprobs = options.confidence and options.logprobs is None
+        self.opts = options.with_overrides(logprobs=0) if self.confidence_only_logprobs else options
         self.seed = seed
         self.deadline = deadline
         self.stats = GenerationStats(mode=options.mode, seed=seed)
@@ -339,5 +343,9 @@ class RepairSession:
         reasoning, text = split_reasoning(self.c, self.text_of(a.tokens))
         if a.logprobs is not None and [e.token_id for e in a.logprobs] != a.tokens:
             raise RuntimeError("logprob entries do not line up with the output tokens")
-        return GenerationResult(text=text, token_ids=a.tokens, stats=s, value=verdict.outcome.value,
-                                reasoning=reasoning, logprobs=named(a.logprobs, self.rt.tokenizer))
+        result = GenerationResult(text=text, token_ids=a.tokens, stats=s, value=verdict.outcome.value,
+                                  reasoning=reasoning, logprobs=named(a.logprobs, self.rt.tokenizer))
+        if self.opts.confidence:
+            attach_confidence(result, self.rt.tokenizer, json_output=self.c.schema is not None,
+                              drop_logprobs=self.confidence_only_logprobs)
+        return result

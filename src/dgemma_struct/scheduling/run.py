@@ -23,7 +23,6 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 
 from dgemma_struct.errors import DgemmaStructError
-from dgemma_struct.repair.field_confidence import attach_confidence, record_for_confidence
 from dgemma_struct.scheduling.requests import BatchFailed, RowRequest
 from dgemma_struct.scheduling.scheduler import ContinuousScheduler
 
@@ -48,9 +47,9 @@ def _row(sess: RepairSession, tag: int, stop: Callable[[], bool] | None,
                       on_canvas=on_canvas)
 
 
-def _settled(sess: RepairSession, res: Any, drop_logprobs: bool = False) -> Any:
+def _settled(sess: RepairSession, res: Any) -> Any:
     """A row's result as the caller gets it: a batch that failed as a whole is rerun alone; an
-    error that is not typed (a bug) is raised; with ``confidence``, its per-field confidence."""
+    error that is not typed (a bug) is raised."""
     if isinstance(res, BatchFailed):
         try:
             res = sess.solve()
@@ -58,7 +57,7 @@ def _settled(sess: RepairSession, res: Any, drop_logprobs: bool = False) -> Any:
             return err
     if isinstance(res, BaseException) and not isinstance(res, DgemmaStructError):
         raise res
-    return attach_confidence(res, sess, drop_logprobs=drop_logprobs)
+    return res
 
 
 def run_sessions(rt: DiffusionRuntime, sessions: Sequence[RepairSession],
@@ -67,13 +66,12 @@ def run_sessions(rt: DiffusionRuntime, sessions: Sequence[RepairSession],
     ``stops[i]()`` True drops row ``i`` (a :class:`~dgemma_struct.errors.GenerationTimeout`). A row
     whose batched canvas failed as a whole is rerun alone, so only the row that breaks fails."""
     sched = ContinuousScheduler(rt, max_rows=max(1, len(sessions)))
-    drop = [record_for_confidence(sess) for sess in sessions]
     for j, sess in enumerate(sessions):
         sched.submit(_row(sess, j, stops[j] if stops is not None else None))
     results: list[Any] = [None] * len(sessions)
     while not sched.idle:
         for req, res in sched.step():
-            results[req.tag] = _settled(sessions[req.tag], res, drop[req.tag])
+            results[req.tag] = _settled(sessions[req.tag], res)
     return results
 
 
@@ -81,13 +79,12 @@ def stream_session(rt: DiffusionRuntime, session: RepairSession) -> Generator[li
     """One session on the same road, yielding its first attempt's committed tokens after each canvas
     (cut as the result will be); returns its result or typed error (``StopIteration.value``)."""
     sched = ContinuousScheduler(rt, max_rows=1)
-    drop = record_for_confidence(session)
     canvases: list[list[int]] = []
     sched.submit(_row(session, 0, None, on_canvas=canvases.append))
     result: Any = None
     while not sched.idle:
         for _, res in sched.step():
-            result = _settled(session, res, drop)
+            result = _settled(session, res)
         yield from canvases
         canvases.clear()
     return result

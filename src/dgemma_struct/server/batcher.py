@@ -280,8 +280,6 @@ class Batcher:
         if isinstance(res, BaseException):
             job.fail(typed_error(res, job))
             return
-        if job.settle is not None:
-            res = job.settle(res)
         if not job.streaming:
             job.resolve(res)
             return

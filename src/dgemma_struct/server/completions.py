@@ -28,6 +28,7 @@ from .protocol import (apply_stop, check_text, choice_estimator_of, estimated_pr
 from .responses import (ChatChoice, ChatCompletion, AssistantMessage, Completion, CompletionChoice, Usage,
                         json_response)
 from .state import ServerState
+from .template_render import rendered
 from .sse import stream_live, stream_validated
 from .tool_calls import check_context, compile_for, completion_body, prepare_tokenizer, row_tokens, sse_events
 
@@ -53,9 +54,6 @@ _NESTED = {"response_format": ("type", "json_schema", "schema"),
            "structured_outputs": ("json", "regex", "grammar", "choice", "json_object", "disable_any_whitespace",
                                   "disable_additional_properties", "disable_fallback")}
 _warned: set[str] = set()
-#: the longest a chat template may render off the event loop before the request is refused (the
-#: message caps keep real requests near 0.5 s; a template that loops is the case this bounds)
-TEMPLATE_DEADLINE_S = 10.0
 _MAX_WARNED = 1024  # names remembered (a client cannot grow the set without bound)
 
 
@@ -148,16 +146,6 @@ def spans_of(constraint: Any, text: str) -> dict | None:
     except ValueError:
         return None
     return {"spans": [s.to_dict() for s in spans], "sources": list(constraint.sources)}
-
-
-async def _rendered(render: Any) -> Any:
-    """``render()`` in a worker thread, answered with a 400 when it passes :data:`TEMPLATE_DEADLINE_S`
-    (the thread finishes on its own; the request is not held)."""
-    try:
-        return await asyncio.wait_for(asyncio.to_thread(render), TEMPLATE_DEADLINE_S)
-    except asyncio.TimeoutError:
-        raise APIError(400, f"rendering the chat template took more than {TEMPLATE_DEADLINE_S:g} s",
-                       param="messages", code="prompt_too_complex") from None
 
 
 @dataclass
@@ -271,7 +259,7 @@ async def execute(state: ServerState, req: Any, prompts: list[Any], *, chat: boo
     itself (a live stream; 499 when the client went away). Bad requests raise :class:`APIError`."""
     plan = _plan(state, req, prompts, chat=chat, tool_req=tool_req)                  # 1. check
     specs, prompts, grounded = await _constraints(state, req, plan, prompts, tool_req)  # 2. compile
-    n_prompt = await _rendered(lambda: [state.prompt_tokens(p) for p in prompts])     # 3. template, count
+    n_prompt = await rendered(lambda: [state.prompt_tokens(p) for p in prompts])     # 3. template, count
     if tool_req is not None:
         try:
             check_context(n_prompt[0], plan.max_tokens, state.runtime.max_context, tool_req)

@@ -7,7 +7,6 @@ import secrets
 import time
 from typing import Any
 
-from dgemma_struct.repair.field_confidence import attach_confidence, record_for_confidence
 from dgemma_struct.repair.preparation import prepare
 from dgemma_struct.results import CanvasEvent
 from dgemma_struct.runtime import DiffusionRuntime
@@ -38,9 +37,6 @@ def row_request(rt: DiffusionRuntime, job: Job, max_repairs: int, *, mode: str =
         o = o.with_overrides(max_repairs=max_repairs, timeout_s=max(0.001, job.deadline - time.monotonic()))
         session = prepare(job.prompt, job.spec, rt, o)
         ids = session.prompt_ids
-        if o.confidence:   # per-field confidence from the row's recorded token logprobs
-            drop = record_for_confidence(session)
-            job.settle = lambda res: attach_confidence(res, session, drop_logprobs=drop)
     req = RowRequest(prompt_ids=list(ids), max_new_tokens=o.max_new_tokens, seed=o.seed, session=session,
                      temperature=o.temperature, top_p=o.top_p,
                      stop=lambda: job.cancelled or time.monotonic() > job.deadline, tag=job, mode=mode,

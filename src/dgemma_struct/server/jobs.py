@@ -30,7 +30,6 @@ class Job:
     timeout_s: float | None = None  # run time allowed once the job starts (None: keep ``deadline``)
     started: float | None = None
     on_done: Callable[["Job", Any], None] | None = None   # called once with the result or error (metrics)
-    settle: Callable[[Any], Any] | None = None   # the finished row's result -> what the caller gets (confidence)
 
     def start(self) -> None:
         """The worker starts running this job: its run deadline begins now."""

@@ -26,9 +26,10 @@ import math
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: the CLI reads T_DISTS to build its parser
+    import torch
 
 T_DISTS = ("uniform", "high")
 
@@ -79,6 +80,8 @@ class DiffusionRecipe:
 
     def draw_t(self, n: int, gen: torch.Generator) -> torch.Tensor:
         """``n`` noise rates, shape ``[n, 1]``."""
+        import torch
+
         u = torch.rand(n, 1, generator=gen)
         if self.t_dist == "high":
             return 0.02 + 0.98 * u.sqrt()
@@ -91,6 +94,8 @@ class DiffusionRecipe:
         >>> bool(m[:, -1].all())
         True
         """
+        import torch
+
         n, L = shape
         mask = torch.rand(n, L, generator=gen) < t
         if self.prefix:
@@ -124,6 +129,8 @@ def self_condition_logits(model, kwargs: dict, noisy: torch.Tensor, recipe: Diff
                           gen: torch.Generator) -> torch.Tensor:
     """The self-conditioning logits of one view (no gradient): the model's logits on this canvas
     or, with ``sc_like_inference``, on a noisier one, divided by a sampling temperature."""
+    import torch
+
     with torch.no_grad():
         canvas = noisy
         if recipe.sc_like_inference:
