@@ -25,8 +25,12 @@ def test_numbers_are_bounded_only_when_asked(hf_tok):
     bounded = compile_constraint(OBJ, tokenizer=hf_tok, bounded_numbers=True)
     assert plain.grammar_accepts(_text(age=long_int)) and plain.grammar_accepts(_text(score=long_float))
     assert not bounded.grammar_accepts(_text(age=long_int)) and not bounded.grammar_accepts(_text(score=long_float))
-    for ok in (_text(), _text(age=INT_BOUND), _text(age=-INT_BOUND), _text(score="-1234567890123456.25")):
+    for ok in (_text(), _text(age=INT_BOUND), _text(age=-INT_BOUND), _text(score="-1234567890123456.5"),
+               _text(score="3.1415926536"), _text(score="-0.0000000001"), _text(score="123456789.1234567")):
         assert bounded.grammar_accepts(ok) and bounded.matches(ok), ok
+    # at most 17 significant digits: the long fractions of #32's benchmark are refused
+    for long in ("-1234567890123456.25", "11.99999111459999", "0.00000000001", "123456789.12345678"):
+        assert plain.grammar_accepts(_text(score=long)) and not bounded.grammar_accepts(_text(score=long)), long
     assert not bounded.grammar_accepts(_text(age=INT_BOUND + 1))
 
 
@@ -77,3 +81,21 @@ def test_bad_field_budget_is_a_typed_error(hf_tok, bad):
         compile_constraint(OBJ, tokenizer=hf_tok, field_budget=bad)
     with pytest.raises(ConstraintError):
         compile_constraint(OBJ, tokenizer=hf_tok, bounded_numbers="yes")
+
+
+@pytest.mark.parametrize("step,off", [("0.5", "0.3"), ("0.2", "0.3"), ("1.5", "2"), ("0.05", "0.12"), ("2.5", "3"),
+                                      ("12.5", "13"), ("0.25", None), ("0.15", None)])
+def test_a_decimal_step_is_kept_where_the_engine_enforces_it_exactly(hf_tok, step, off):
+    """llguidance's multipleOf is exact for one-place and single-digit steps; 0.25 refused 0.5 (left to
+    validation then). Every multiple stays accepted either way."""
+    from decimal import Decimal
+
+    c = compile_constraint({"type": "number", "multipleOf": float(step)}, tokenizer=hf_tok)
+    d = Decimal(step)
+    for k in range(-12, 13):
+        text = format((k * d).normalize(), "f")
+        assert c.grammar_accepts(text) and c.matches(text), (step, text)
+    if off is not None:
+        assert not c.grammar_accepts(off) and "multipleOf" not in c.semantic_keywords
+    else:
+        assert "multipleOf" in c.semantic_keywords

@@ -5,7 +5,12 @@ schema's own rule fits under it.
 
 - **Numbers** (``bounded_numbers``): an ``integer`` without a bound on a side gets ``±(2**53 - 1)``
   there (JSON's interoperable integers, I-JSON; inside int64, and exact as the double llguidance reads a
-  bound as); a ``number`` gets ``±1e16`` (at most 17 digits before the point, no exponent).
+  bound as); a ``number`` gets ``±1e16`` (no exponent) and at most 17 significant digits: the grammar
+  copy is an ``anyOf`` of magnitude bands, ``|x| < 10**k`` with at most ``min(10, 17 - k)`` digits after
+  the point (a ``multipleOf``; llguidance reads steps down to ``1e-10`` exactly), ``k`` = 7, 10, 13, 16
+  (so ``|x| < 1e7`` takes 10 decimals, ``< 1e10`` 7, ``< 1e13`` 4, ``< 1e16`` 1), each band cut to the
+  schema's own integer bounds. A number with non-integer bounds keeps the plain bounds
+  (llguidance's decimal range regexes misjudge a step beside them).
 - **Budgets** (``field_budget``): a plain string (no ``pattern`` / ``format`` / ``enum`` / ``const`` /
   ``maxLength``) gets ``maxLength = max(minLength, 16, ceil(3 * max_new_tokens / fields))``, ``fields``
   the number of property and item leaves of the schema (a token holds ~3 characters of text, so
@@ -27,16 +32,25 @@ from typing import Any
 
 from .schema_checks import is_number, iter_subschemas
 
-__all__ = ["INT_BOUND", "FLOAT_BOUND", "field_chars", "bound_fields", "EXTENSIONS"]
+__all__ = ["INT_BOUND", "FLOAT_BOUND", "SIGNIFICANT_DIGITS", "field_chars", "bound_fields", "EXTENSIONS",
+           "engine_reads_step", "digit_bands"]
 
 #: the widest unbounded integer the grammar writes: 2**53 - 1 (llguidance reads bounds as doubles, exact
 #: up to 2**53; its range regexes fail near +-2**63)
 INT_BOUND = 2 ** 53 - 1
 #: the widest unbounded float: 17 significant digits before the point
 FLOAT_BOUND = 1e16
+#: the most significant digits a bounded ``number`` literal has (a double holds 17)
+SIGNIFICANT_DIGITS = 17
+#: the finest step llguidance reads exactly (``1e-11`` is "too many digits")
+_FINEST = 10
+#: orders of magnitude per band: each band costs the compile ~0.3 ms per field (10 bands made a
+#: 4-float model compile 6x slower); between band edges fewer digits than 17 are allowed
+_BAND_STEP = 3
 #: the length extensions a schema may carry (grammar only)
 EXTENSIONS = ("x-max-chars", "x-max-tokens")
 _FIXED = ("pattern", "format", "enum", "const", "maxLength", "contentEncoding", "contentMediaType")
+_COMBINED = ("anyOf", "oneOf", "allOf", "not", "$ref", "if", "then", "else")
 _LOW = ("minimum", "exclusiveMinimum")
 _HIGH = ("maximum", "exclusiveMaximum")
 
@@ -59,12 +73,88 @@ def _leaves(g: Any) -> int:
     return max(1, n)
 
 
+def engine_reads_step(step: Any) -> bool:
+    """Whether llguidance enforces the ``multipleOf`` ``step`` exactly. It scales the double by 10 until
+    it has no fraction, into a u32 (``1e-11`` or ``0.123456789`` drift and fail), and a step of two or
+    more digits over two or more places refuses its multiples' shorter spellings (``0.25``: ``0.5``;
+    measured on llguidance 1.9: single-digit steps and one-place steps are exact).
+
+    >>> [engine_reads_step(x) for x in (0.5, 0.01, 1e-10, 1e-11, 0.123456789, 2.5, 12.5, 0.05, 0.25)]
+    [True, True, True, False, False, True, True, True, False]
+    """
+    from decimal import Decimal
+
+    if not is_number(step) or not math.isfinite(step) or step <= 0:
+        return False
+    v, e = float(step), 0
+    while v % 1 != 0 and e < 40:  # the engine's loop, in the same double arithmetic
+        v, e = v * 10, e + 1
+    exact = v % 1 == 0 and v <= 2 ** 32 - 1 and Decimal(int(v)).scaleb(-e) == Decimal(repr(step))
+    return exact and (e <= 1 or int(v) < 10)
+
+
+def _tighter_low(a: tuple[float, bool], b: tuple[float, bool]) -> tuple[float, bool]:
+    return max(a, b, key=lambda v: (v[0], v[1]))  # same value: the exclusive one is tighter
+
+
+def _tighter_high(a: tuple[float, bool], b: tuple[float, bool]) -> tuple[float, bool]:
+    return min(a, b, key=lambda v: (v[0], not v[1]))
+
+
+def digit_bands(low: tuple[float, bool] | None, high: tuple[float, bool] | None) -> list[dict]:
+    """The magnitude bands of a bounded ``number`` between ``low`` and ``high`` (``(value, exclusive)``,
+    integers; None: unbounded): at most :data:`SIGNIFICANT_DIGITS` significant digits, no band past the
+    first that holds the whole range.
+
+    >>> [(b["exclusiveMaximum"], b["multipleOf"]) for b in digit_bands((0, True), None)][:2]
+    [(10000000, 1e-10), (10000000000, 1e-07)]
+    >>> digit_bands((0, True), (100, False))
+    [{'type': 'number', 'multipleOf': 1e-10, 'exclusiveMinimum': 0, 'maximum': 100}]
+    >>> [b["multipleOf"] for b in digit_bands(None, None)]
+    [1e-10, 1e-07, 0.0001, 0.1]
+    """
+    bands = []
+    for k in range(SIGNIFICANT_DIGITS - _FINEST, SIGNIFICANT_DIGITS, _BAND_STEP):
+        lo = (-10 ** k, True) if low is None else _tighter_low(low, (-10 ** k, True))
+        hi = (10 ** k, True) if high is None else _tighter_high(high, (10 ** k, True))
+        if lo[0] > hi[0] or lo[0] == hi[0] and (lo[1] or hi[1]):
+            continue  # the range lies beyond this band (a wider one holds it)
+        b: dict[str, Any] = {"type": "number", "multipleOf": float(f"1e-{min(_FINEST, SIGNIFICANT_DIGITS - k)}")}
+        b["exclusiveMinimum" if lo[1] else "minimum"] = lo[0]
+        b["exclusiveMaximum" if hi[1] else "maximum"] = hi[0]
+        bands.append(b)
+        if lo == low and hi == high:
+            break  # the whole range fits: wider bands only allow fewer digits
+    return bands
+
+
+def _side(s: dict, keys: tuple[str, str], tighter: Any) -> tuple[float, bool] | None:
+    out = None
+    for k in keys:
+        if is_number(s.get(k)):
+            v = (s[k], k.startswith("exclusive"))
+            out = v if out is None else tighter(out, v)
+    return out
+
+
 def _bound_number(s: dict, t: str) -> None:
     if any(k in s for k in ("enum", "const", "multipleOf")):
         return
     top = INT_BOUND if t == "integer" else FLOAT_BOUND
     lows = [s[k] for k in _LOW if is_number(s.get(k))]
     highs = [s[k] for k in _HIGH if is_number(s.get(k))]
+    if t == "number" and all(float(v).is_integer() for v in lows + highs) \
+            and not any(k in s for k in _COMBINED):
+        low, high = _side(s, _LOW, _tighter_low), _side(s, _HIGH, _tighter_high)
+        bands = digit_bands(low, high)
+        if bands:
+            for k in _LOW + _HIGH + ("type",):
+                s.pop(k, None)
+            if len(bands) == 1:
+                s.update(bands[0])
+            else:
+                s["anyOf"] = bands
+            return
     if not lows and all(h > -top for h in highs):
         s["minimum"] = -top
     if not highs and all(lo < top for lo in lows):

@@ -27,6 +27,7 @@ from dgemma_struct.errors import GrammarError
 
 from .safety import (ANNOTATIONS, JSON_TYPE_OF, MAX_SCHEMA_DEPTH, STRUCTURAL, WIDE, clip, drop_wide_literals,
                      has_wide_number, is_wide_number)
+from .field_bounds import engine_reads_step
 from .schema_checks import spec_format_valid
 
 __all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "decimal_step_copy", "MAX_ENUMERATED_MULTIPLES", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
@@ -85,7 +86,8 @@ def decimal_step_copy(s: dict, dropped: list[str] | None = None) -> None:
     """The grammar copy of a subschema with a decimal ``multipleOf`` (``0.1``): llguidance compiles it
     wrongly next to bounds (``0.1`` in ``[0.25, 0.35]`` accepted nothing). With both bounds and at most
     :data:`MAX_ENUMERATED_MULTIPLES` multiples in range, the grammar is exactly their ``enum`` (``[0.3]``);
-    otherwise the step and the non-integer bounds are left to validation (exact, in Decimal)."""
+    otherwise the non-integer bounds are left to validation (exact, in Decimal), and the step too unless
+    llguidance reads it exactly (:func:`engine_reads_step`: then the grammar keeps it, ``0.5`` refuses ``0.3``)."""
     from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
 
     step = s.pop("multipleOf")
@@ -108,7 +110,9 @@ def decimal_step_copy(s: dict, dropped: list[str] | None = None) -> None:
                     return
     except (InvalidOperation, ValueError, OverflowError):
         pass
-    if dropped is not None:
+    if engine_reads_step(step):  # kept: llguidance enforces it exactly beside integer bounds (0.5 refuses 0.3)
+        s["multipleOf"] = step
+    elif dropped is not None:
         dropped.append("multipleOf")
     for kw in _BOUND_KWS:  # decimal range regexes refuse valid values (0.3 in [0.25, 0.35]): validation
         v = s.get(kw)
