@@ -83,3 +83,20 @@ def test_raw_formats_keep_json_schema_meaning(hf_tok, fmt, good, bad):
     for v in bad:
         assert not c.validate_text(json.dumps(v)).ok and not c.grammar_accepts(json.dumps(v)), v
     assert fmt in RAW_FORMAT_PATTERNS
+
+
+def test_a_set_of_a_small_enum_takes_each_member_once(hf_tok):
+    """set[IntEnum]: the grammar writes its members once each, in declaration order (a model repeating a
+    member ran to the budget; pydantic would have merged the repeats, uniqueItems did not)."""
+    import enum
+
+    class Day(enum.IntEnum):
+        MON, TUE, WED = 1, 2, 3
+
+    c = compile_constraint(set[Day], tokenizer=hf_tok, bounded_numbers=True)
+    for ok in ("[]", "[2]", "[1,3]", "[1,2,3]"):
+        assert c.grammar_accepts(ok) and c.matches(ok), ok
+    for bad in ("[1,1]", "[3,1]", "[4]", "[1,2,3,1]"):
+        assert not c.grammar_accepts(bad), bad
+    big = enum.IntEnum("Big", {f"V{i}": i for i in range(12)})  # 4096 subsets: left to uniqueItems
+    assert c.grammar_accepts("[1]") and compile_constraint(set[big], tokenizer=hf_tok).grammar_accepts("[3,1]")
