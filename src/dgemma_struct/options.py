@@ -40,11 +40,28 @@ _FLAGS = ("return_details", "strict", "fallback", "progress", "repair_junk", "cl
 GUIDE_KNOBS = ("progress", "force_tokens", "renoise_invalid", "close_on_budget")
 
 
+class DefaultBudget(int):
+    """``max_new_tokens`` left at its default, told apart from a caller's own ``128``: a request whose
+    output runs out of it is retried with twice the budget, up to :data:`AUTO_BUDGET_CAP` (a schema
+    whose typical output is longer than 128 tokens, such as an order with UUIDs, datetimes and line
+    items, then finishes instead of raising ``LengthError``). A budget the caller sets is never grown.
+
+    >>> GenerateOptions().auto_budget, GenerateOptions(max_new_tokens=128).auto_budget
+    (True, False)
+    """
+
+
+#: the default ``max_new_tokens``
+DEFAULT_MAX_NEW_TOKENS = DefaultBudget(128)
+#: the most a default budget grows to (:class:`DefaultBudget`)
+AUTO_BUDGET_CAP = 512
+
+
 @dataclass(frozen=True)
 class GenerateOptions:
     """The knobs of a constrained call (see :func:`dgemma_struct.generate` for what each does)."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS   # left default: grows on a budget overrun (DefaultBudget)
     seed: int | None = 0                 # None: a fresh seed per call (recorded in ``stats.seed``)
     mode: str = "diffusion"              # "diffusion" or "ar"
     max_repairs: int = 2                 # renoise passes after a failed attempt, in [0, 100]
@@ -98,6 +115,11 @@ class GenerateOptions:
             raise InvalidRequestError(f"thinking must be True, False or 'optional', got {self.thinking!r}")
         if self.n != 1 and self.thinking not in (False, None):
             raise InvalidRequestError("thinking is not supported with n > 1 yet")
+
+    @property
+    def auto_budget(self) -> bool:
+        """Whether ``max_new_tokens`` is the default, which may grow (:class:`DefaultBudget`)."""
+        return isinstance(self.max_new_tokens, DefaultBudget)
 
     @property
     def thinks(self) -> bool:

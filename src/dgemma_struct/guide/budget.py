@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 CLOSING_MARGIN = 2      # tokens kept free beyond the plan (forced keys and brackets still fit)
 FAR_FROM_END = 96       # more tokens left than this: no plan is estimated
 PLAN_BONUS = 1e4        # added to a plan token's (masked) logit
+PEAK_WINDOW = 48        # commits over which the longest closing plan counts (:func:`_plan_peak`)
 
 def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None = None) -> tuple[int, list[int] | None]:
     """``(tokens the row may still commit freely, its closing plan)``. Room 0 means: close now,
@@ -52,7 +53,20 @@ def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None 
     plan = row.closing_est[1]
     if plan is None:  # no plan fits
         return 0, None
-    return max(0, remaining - len(plan) - margin), plan
+    return max(0, remaining - _plan_peak(row, len(plan)) - margin), plan
+
+
+def _plan_peak(row: RowState, n: int) -> int:
+    """The longest closing plan of the row's last :data:`PEAK_WINDOW` commits: one step can open a new
+    array element whose plan is that long again (at ``},`` of an order's line items the plan is ``]}``,
+    two tokens; after ``{"sku":"`` it is twenty), so the row closes while another element would still
+    fit instead of starting one it cannot finish (an endless list ran out of every budget)."""
+    hist = row.plan_lens
+    if not hist or hist[-1][0] != row.committed:
+        hist.append((row.committed, n))
+    while hist[0][0] < row.committed - PEAK_WINDOW:
+        hist.pop(0)
+    return max(m for _, m in hist)
 
 
 def _next_plan(row: RowState, remaining: int) -> list[int] | None:

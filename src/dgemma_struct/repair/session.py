@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence, Union
 
 from dgemma_struct.constraints import Constraint, ValidationIssue
-from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError
+from dgemma_struct.errors import DgemmaStructError, GenerationFailed, LengthError, PromptTooLongError
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
 from dgemma_struct.engine.token_logprobs import named
 from dgemma_struct.constraints.json_locate import Ban, Rejection, char_to_token_index, pointer
 from dgemma_struct.guide.exclusion import Exclusion, TokenBytes, dead_end_ban, sharpen
 from dgemma_struct.constraints.safety import clip
-from dgemma_struct.options import GenerateOptions, check_deadline, offset_seed
+from dgemma_struct.options import AUTO_BUDGET_CAP, DefaultBudget, GenerateOptions, check_deadline, offset_seed
 from dgemma_struct.repair.field_confidence import attach_confidence
 from dgemma_struct.results import GenerationResult, GenerationStats
 
@@ -234,6 +234,8 @@ class RepairSession:
             reason = ("the grammar walk made no progress (dead end)" if a.dead_end
                       else "the output did not finish within the token budget")
             self.errors.append(reason)
+            if not a.dead_end:
+                self._grow_budget()
             if self.bans:   # stopped where the bans left nothing: keep later attempts out
                 self._ban_dead_end(a.tokens)
             # dead end or out of budget: keep half of what was generated, renoise the rest
@@ -253,6 +255,19 @@ class RepairSession:
             issues = [ValidationIssue(p, "structural junk inside a string") for p in junk]
             return self._redo(self._prefix_before(a.tokens, issues), [str(i) for i in issues])
         return Accept(best.attempt, best.outcome)
+
+    def _grow_budget(self) -> None:
+        """A default budget the output overran doubles for the next attempts (up to the cap, and
+        only while the prompt still fits the context): :class:`~dgemma_struct.options.DefaultBudget`."""
+        o = self.opts
+        grown = min(2 * o.max_new_tokens, AUTO_BUDGET_CAP)
+        if not o.auto_budget or grown <= o.max_new_tokens:
+            return
+        try:
+            self.rt.check_fits([self.prompt_ids], grown)
+        except PromptTooLongError:
+            return
+        self.opts = o.with_overrides(max_new_tokens=DefaultBudget(grown))
 
     def _redo(self, prefix: list[int], reasons: list[str]) -> Redo:
         """Redo from ``prefix``, cut before a banned value it holds (a ban cut back to where the

@@ -1,0 +1,73 @@
+"""Budget overruns (issue #32): a default ``max_new_tokens`` grows when an output runs out of it (a
+caller's own budget never does), and budget-aware closing leaves room for the element a step can open."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from dgemma_struct.guide import budget as closing
+from dgemma_struct.options import AUTO_BUDGET_CAP, DefaultBudget, GenerateOptions
+from dgemma_struct.repair.preparation import constraint_for
+from dgemma_struct.repair.session import Attempt, RepairSession
+from dgemma_struct.results import GenerationStats
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "s": {"type": "string"}},
+          "required": ["a", "s"]}
+
+
+def _session(rt, opts):
+    return RepairSession(rt, [], constraint_for(SCHEMA, rt), opts, seed=0, deadline=None)
+
+
+def _unfinished(rt):
+    return Attempt(rt.tokenizer.encode('{"a":1,"s":"hello wor', add_special_tokens=False), False, False,
+                   GenerationStats())
+
+
+def test_default_budget_is_told_apart_from_a_callers_128():
+    assert GenerateOptions().auto_budget and GenerateOptions().max_new_tokens == 128
+    assert not GenerateOptions(max_new_tokens=128).auto_budget
+    assert GenerateOptions().with_overrides(seed=3).auto_budget
+    assert not GenerateOptions().with_overrides(max_new_tokens=64).auto_budget
+
+
+def test_a_default_budget_doubles_on_an_overrun_up_to_the_cap(tok_runtime):
+    s = _session(tok_runtime, GenerateOptions())
+    seen = []
+    for _ in range(4):
+        s.judge(_unfinished(tok_runtime))
+        seen.append(s.opts.max_new_tokens)
+    assert seen == [256, 512, AUTO_BUDGET_CAP, AUTO_BUDGET_CAP] and isinstance(s.opts.max_new_tokens, DefaultBudget)
+
+
+@pytest.mark.parametrize("explicit", [128, 64])
+def test_a_callers_budget_never_grows(tok_runtime, explicit):
+    s = _session(tok_runtime, GenerateOptions(max_new_tokens=explicit))
+    s.judge(_unfinished(tok_runtime))
+    assert s.opts.max_new_tokens == explicit
+
+
+def test_a_dead_end_does_not_grow_the_budget(tok_runtime):
+    s = _session(tok_runtime, GenerateOptions())
+    a = _unfinished(tok_runtime)
+    s.judge(Attempt(a.tokens, False, True, a.stats))
+    assert s.opts.max_new_tokens == 128
+
+
+def test_closing_keeps_room_for_the_longest_recent_plan(monkeypatch):
+    """At an element boundary the plan is short (``]}``) but one step can open an element whose plan is
+    long: the row must close while that would still fit, not when only the short plan does."""
+    plan = {"now": []}
+    monkeypatch.setattr(closing, "_next_plan", lambda r, remaining: plan["now"])
+    row = SimpleNamespace(walker=SimpleNamespace(frozen_tokens=[]), budget=100, committed=0, closing_est=None,
+                          plan_lens=[])
+
+    def room(committed, plan_len):
+        row.committed, row.walker.frozen_tokens, plan["now"] = committed, [0] * committed, [5] * plan_len
+        return closing.free_room(row, None)[0]
+
+    m = closing.CLOSING_MARGIN
+    assert room(60, 20) == 99 - 60 - 20 - m          # inside an element: twenty tokens to close
+    assert room(70, 2) == 99 - 70 - 20 - m           # at the boundary: room for another element, not 99-70-2-m
+    assert room(70 + closing.PEAK_WINDOW + 1, 2) == max(0, 99 - 70 - closing.PEAK_WINDOW - 1 - 2 - m)
