@@ -99,3 +99,19 @@ def test_a_decimal_step_is_kept_where_the_engine_enforces_it_exactly(hf_tok, ste
         assert not c.grammar_accepts(off) and "multipleOf" not in c.semantic_keywords
     else:
         assert "multipleOf" in c.semantic_keywords
+
+
+def test_a_recursive_definitions_strings_share_the_budget_as_a_tree_would():
+    """A category tree has one ``name`` leaf: with the whole budget's characters a model wrote 300 of
+    them; a recursive definition's leaves count RECURSIVE_WEIGHT times."""
+    from dgemma_struct.constraints.field_bounds import RECURSIVE_WEIGHT, bound_fields
+
+    node = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}
+    tree = {"$defs": {"Node": json.loads(json.dumps(node))}, "$ref": "#/$defs/Node"}
+    flat = {"$defs": {"Node": {"type": "object", "properties": {"name": {"type": "string"}}}},
+            "$ref": "#/$defs/Node"}
+    bound_fields(tree, budget=128)
+    bound_fields(flat, budget=128)
+    assert tree["$defs"]["Node"]["properties"]["name"]["maxLength"] == field_chars(128, RECURSIVE_WEIGHT) == 96
+    assert flat["$defs"]["Node"]["properties"]["name"]["maxLength"] == field_chars(128, 1) == 384

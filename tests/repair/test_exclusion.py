@@ -157,3 +157,28 @@ def test_a_dead_end_in_exhausted_values_moves_the_ban_back(tok_runtime):
     assert Ban((), b'{"r":"su', prefix=True, delimited=False) in s.bans
     kept = tok_runtime.tokenizer.decode(v.prefix)
     assert not kept.startswith('{"r":"su')
+
+
+def test_two_rejections_sharing_a_start_ban_that_start(tok_runtime):
+    """An AfterValidator ("no spaces") rejected ' ', then ' Ito': each banned alone, the model kept the
+    leading space; the start both share is banned too, so the next attempt cannot begin that way."""
+    from typing import Annotated
+
+    from pydantic import AfterValidator, BaseModel
+
+    def _no_space(v: str) -> str:
+        if " " in v:
+            raise ValueError("no spaces allowed")
+        return v
+
+    class Account(BaseModel):
+        handle: Annotated[str, AfterValidator(_no_space)]
+
+    s = RepairSession(tok_runtime, [], constraint_for(Account, tok_runtime), GenerateOptions(), seed=0, deadline=None)
+    for text in ('{"handle":" "}', '{"handle":" Ito"}'):
+        s.judge(Attempt(_ids(tok_runtime, text), True, False, GenerationStats()))
+    assert Ban(("handle",), b'" ', prefix=True, delimited=False) in s.bans
+    ex = _exclusion(tok_runtime, s.c, s.bans)
+    assert ex.admissible([], _ids(tok_runtime, '{"handle":" x"}')) < len(_ids(tok_runtime, '{"handle":" x"}'))
+    ok = _ids(tok_runtime, '{"handle":"jdoe"}')
+    assert ex.admissible([], ok) == len(ok)

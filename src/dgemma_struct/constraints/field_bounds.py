@@ -13,8 +13,9 @@ schema's own rule fits under it.
   (llguidance's decimal range regexes misjudge a step beside them).
 - **Budgets** (``field_budget``): a plain string (no ``pattern`` / ``format`` / ``enum`` / ``const`` /
   ``maxLength``) gets ``maxLength = max(minLength, 16, ceil(3 * max_new_tokens / fields))``, ``fields``
-  the number of property and item leaves of the schema (a token holds ~3 characters of text, so
-  ``fields`` such strings fill the budget together but one alone cannot).
+  the number of property and item leaves of the schema, a leaf of a recursive definition counted
+  :data:`RECURSIVE_WEIGHT` times (a token holds ~3 characters of text, so ``fields`` such strings fill
+  the budget together but one alone cannot).
 - **Extensions**: ``x-max-chars: N`` on a string is a ``maxLength`` for the grammar only; ``x-max-tokens:
   N`` bounds the string to ``N`` characters (a character never takes less than a token's share, so
   ``N`` tokens of text are at most ``N`` characters only for one-character tokens: a conservative bound
@@ -27,6 +28,7 @@ schema's own rule fits under it.
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -64,12 +66,27 @@ def field_chars(budget: int, fields: int) -> int:
     return max(16, math.ceil(3 * budget / max(1, fields)))
 
 
+#: how many times a leaf of a recursive definition counts (a tree repeats it; a category tree's one
+#: ``name`` leaf had the whole budget's characters and a model filled 300 of them)
+RECURSIVE_WEIGHT = 4
+
+
+def _recursive_defs(g: dict) -> set[str]:
+    out = set()
+    for key in ("$defs", "definitions"):
+        defs = g.get(key)
+        if isinstance(defs, dict):
+            out |= {(key, k) for k, d in defs.items() if f'"#/{key}/{k}"' in json.dumps(d)}
+    return out
+
+
 def _leaves(g: Any) -> int:
     n = 0
-    for _, s in iter_subschemas(g):
+    rec = _recursive_defs(g)
+    for path, s in iter_subschemas(g):
         t = s.get("type")
         if isinstance(t, str) and t not in ("object", "array"):
-            n += 1
+            n += RECURSIVE_WEIGHT if rec and tuple(path[:2]) in rec else 1
     return max(1, n)
 
 

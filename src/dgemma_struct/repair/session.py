@@ -17,6 +17,7 @@ Example::
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence, Union
@@ -92,6 +93,27 @@ def min_length_tokens(constraint: Constraint) -> int:
     """A lower bound on the tokens any accepted output needs: the forced prefix plus EOS."""
     forced = constraint.canvas_walker().forced_tokens(FORCED_PREFIX_SCAN)
     return len(forced) + (0 if forced and forced[-1] in constraint.stop_token_ids else 1)
+
+
+def shared_prefix_ban(path: tuple, rejected: list[tuple[str, list[str]]]) -> Ban | None:
+    """A prefix ban for the strings rejected at ``path`` when two or more were, for the same reasons,
+    and they share a start beyond the opening quote (``" "`` and ``" Ito"``: a value starting with a
+    space). Banning each value alone did not converge: the model kept its start and changed the rest
+    (``handle: no spaces allowed`` three times). None when there is no such start.
+
+    >>> shared_prefix_ban(("h",), [('" "', ["no spaces"]), ('" Ito"', ["no spaces"])])
+    Ban(path=('h',), text=b'" ', prefix=True, delimited=False)
+    >>> shared_prefix_ban(("h",), [('"ab"', ["x"]), ('"cd"', ["x"])]) is None
+    True
+    """
+    texts = [t for t, _ in rejected]
+    if len(texts) < 2 or not all(t.startswith('"') for t in texts) \
+            or len({tuple(sorted(m)) for _, m in rejected}) != 1:
+        return None
+    start = os.path.commonprefix(texts)
+    if len(start) < 2 or start in texts:   # nothing beyond the quote, or a whole value (its own ban)
+        return None
+    return Ban(path, start.encode(), prefix=True, delimited=False)
 
 
 def batch_guide(sessions: Sequence[RepairSession], walkers: list | None = None, *, budgets: list[int] | None = None,
@@ -315,6 +337,10 @@ class RepairSession:
                 msgs.append(r.message)
             self.rejected_times[key] = self.rejected_times.get(key, 0) + 1
         self.bans.extend(b for b in bans if b not in self.bans)
+        for r in rejected:
+            shared = shared_prefix_ban(r.path, [(t, m) for (p, t), m in self.rejected.items() if p == r.path])
+            if shared is not None and shared not in self.bans:
+                self.bans.append(shared)
 
     def rejected_values(self) -> list[dict]:
         """Each distinct rejected value once: ``{"path", "value", "errors", "times"}`` (``path`` a JSON
