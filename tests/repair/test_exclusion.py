@@ -44,6 +44,10 @@ def test_the_scanner_reports_each_value_with_its_path_as_it_ends():
     # a model validator: from the last value; the object, and its text through that value as a prefix
     ('{"r":"suite","k":2}', ((), "Value error, a suite needs three nights"), 17,
      [((), b'{"r":"suite","k":2}', False), ((), b'{"r":"suite","k":2', True)], ()),
+    # a model validator naming members as words: from the earliest one present, the object banned
+    ('{"g":"A","check_in":"2024-08-10","check_out":"0004-01-01"}',
+     ((), "Value error, check_out must be after check_in"), 8,
+     [((), b'{"g":"A","check_in":"2024-08-10","check_out":"0004-01-01"}', False)], ()),
     # contains: from the last item, the array banned
     ('{"s":["go","c"]}', (("s",), "does not contain items matching"), 11, [(("s",), b'["go","c"]', False)], ("s",)),
     # a path deeper than the text: its deepest ancestor

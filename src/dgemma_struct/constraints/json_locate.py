@@ -195,7 +195,8 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
     * an array with duplicates (``uniqueItems``): its first duplicate is rejected; renoising starts
       there and none of the items before it may be written at that position;
     * an object (``required``, ``dependentRequired``, ``if``/``then``, a model validator): renoising
-      starts at the earliest member the message names ('quoted') that is present, else at the last
+      starts at the earliest member the message names ('quoted', or else as a word: a model validator's
+      "check_out must be after check_in" restarts at ``check_in``) that is present, else at the last
       member's value; the whole object is banned, and when the message names no property at all (a
       model validator) its text up to the end of that last value is banned as a prefix too (else the
       model writes the same last value, the grammar forces ``}`` and the ban leaves no token);
@@ -252,6 +253,9 @@ def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any,
     rejected = Rejection(p, text[start:end], message)
     if isinstance(v, dict):
         names = {a or b for a, b in _NAMED.findall(message)}
+        if not names:  # a model validator's own words: the members it names as words ("check_out must be after check_in")
+            names = {k for k in v if isinstance(k, str) and len(k) > 2  # not "a" the article
+                     and re.search(rf"(?<!\w){re.escape(k)}(?!\w)", message)}
         present = [members[p + (n,)] for n in names if p + (n,) in members]
         if present:
             return min(present), [whole], rejected
