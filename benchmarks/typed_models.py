@@ -168,7 +168,8 @@ def run_one(rt, model: type[BaseModel], prompt: str, mode: str, seed: int, max_n
     big = [n for n in number_literals(text) if number_beyond_type(n)]
     return {"mode": mode, "seed": seed, "ok": err is None and valid, "error": err, "valid": valid,
             "wall_s": round(wall, 4), "forward_passes": getattr(st, "forward_passes", 0),
-            "repairs": getattr(st, "repairs", 0), "fallback": bool(getattr(st, "fallback", False)),
+            "repairs": getattr(st, "repairs", 0), "junk_repairs": getattr(st, "junk_repairs", 0),
+            "fallback": bool(getattr(st, "fallback", False)),
             "big_numbers": [n[:60] for n in big], "max_number_digits": max((len(n) for n in big), default=0),
             "long_strings": len(long_strings(parsed)), "text": text[:1000]}
 
@@ -189,6 +190,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "untyped": sum(str(r["error"]).startswith("UNTYPED") for r in rows),
             "repairs_mean": sum(r["repairs"] for r in rows) / n if n else 0.0,
             "repairs_median": statistics.median([r["repairs"] for r in rows]) if n else 0.0,
+            "junk_repairs_mean": sum(r.get("junk_repairs", 0) for r in rows) / n if n else 0.0,
+            "validation_repairs_median": statistics.median([r["repairs"] - r.get("junk_repairs", 0) for r in rows])
+            if n else 0.0,
             "fallbacks": sum(r["fallback"] for r in rows),
             "forwards_median": statistics.median([r["forward_passes"] for r in rows]) if n else 0.0,
             "wall_p50_s": pct(walls, 0.5), "wall_p95_s": pct(walls, 0.95),
@@ -255,6 +259,12 @@ def markdown(res: dict[str, Any], before: dict[str, Any] | None) -> str:
                          f"{s['repairs_median']:g} | {s['fallbacks']} | {s['forwards_median']:g} | "
                          f"{s['wall_p50_s']:.2f} | {s['wall_p95_s']:.2f} | {s['big_number_outputs']} | "
                          f"{s['long_string_outputs']} |")
+    if "junk_repairs_mean" in next(iter(res["summary"].values()), {}):
+        lines += ["", "Repairs by cause (*now*): " + "; ".join(
+            f"{mode} {s['repairs_mean'] - s['junk_repairs_mean']:.2f} validation + {s['junk_repairs_mean']:.2f} junk "
+            f"per request (median of validation repairs {s['validation_repairs_median']:g})"
+            for mode, s in res["summary"].items()) + ". A junk repair redoes a *valid* value whose string holds "
+            "structural junk (`repair_junk`); a validation repair, a rejected one."]
     if before:
         lines += ["", f"*before*: commit `{before['meta']['commit']}` ({before['meta']['started']}), cut to the "
                   f"requests of *now* (commit `{m['commit']}`, {m['started']}); same models, modes and seeds."]
