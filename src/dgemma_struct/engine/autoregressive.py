@@ -12,6 +12,7 @@ from dgemma_struct.engine.canvas_steps import cat_caches
 from dgemma_struct.engine.forward import Clock, encode, softcapped_logits
 from dgemma_struct.engine.hooks import NullHook, StepHook
 from dgemma_struct.engine.sampler import sample_rows, top_p_filter
+from dgemma_struct.engine.token_logprobs import RAW
 
 
 def _choose(logits: torch.Tensor, finished: torch.Tensor, *, temperature: float | None, top_p: float,
@@ -61,6 +62,8 @@ def autoregressive_loop(model, input_ids: torch.Tensor, attention_mask: torch.Te
             logits = softcapped_logits(model, out.last_hidden_state[:, -1])
         steps += ~finished
         with clock.hook():
+            if RAW.on:   # benchmarks / debugging: the logits before the guide masks them
+                RAW.keep(logits)
             hook.mask_ar_logits(logits, ~finished)
         token = _choose(logits, finished, temperature=temperature, top_p=top_p, generators=generators)
         token = torch.where(finished, torch.full_like(token, pad), token)
@@ -191,6 +194,8 @@ class ARBatch:
             self.encoded += self.pending.shape[1]
             active = torch.ones(B, dtype=torch.bool, device=logits.device)
             with self.clock.hook():
+                if RAW.on:
+                    RAW.keep(logits)
                 self.hook.mask_ar_logits(logits, active)
             token = _choose(logits, ~active, temperature=self.temperature, top_p=self.top_p,
                             generators=self.generators)

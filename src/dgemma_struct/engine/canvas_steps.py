@@ -13,6 +13,7 @@ import torch
 
 from dgemma_struct.engine.forward import Clock, encode
 from dgemma_struct.engine.hooks import StepHook, StepView
+from dgemma_struct.engine.token_logprobs import RAW
 from dgemma_struct.engine.sampler import (DiffusionSettings, StableAndConfident, entropy_at, entropy_bound_accept,
                                    random_canvas, reset_dead, sample_at, sample_tokens, temperature, top_p_filter)
 
@@ -165,6 +166,8 @@ def _mask(run: Run, c: Canvas, logits: torch.Tensor, cur_step: int, active: torc
         # the draft before masking, computed once for the hook; the hook reports the positions it
         # changed (``touched_spans`` / ``touched``) so only those are argmaxed again
         view.draft, view.touched, view.touched_spans = torch.argmax(logits, dim=-1), None, None
+        if RAW.on:   # benchmarks / debugging: the logits before the guide masks them
+            RAW.keep(logits)
         run.hook.mask_logits(view)
         if run.reproduce:  # no hook: nothing changed the logits
             return view.draft
