@@ -174,6 +174,11 @@ def run_one(rt, model: type[BaseModel], prompt: str, mode: str, seed: int, max_n
             "long_strings": len(long_strings(parsed)), "text": text[:1000]}
 
 
+#: corpus tags of the rules a grammar cannot express (the issue's second GenerationFailed target): code
+#: validators and ``uniqueItems``
+RULE_TAGS = {"AfterValidator", "field_validator", "model_validator", "set"}
+
+
 def pct(xs: list[float], q: float) -> float:
     """The q-quantile (nearest rank) of ``xs``."""
     s = sorted(xs)
@@ -269,8 +274,16 @@ def markdown(res: dict[str, Any], before: dict[str, Any] | None) -> str:
         lines += ["", f"*before*: commit `{before['meta']['commit']}` ({before['meta']['started']}), cut to the "
                   f"requests of *now* (commit `{m['commit']}`, {m['started']}); same models, modes and seeds."]
     lines += ["", "| target (issue #32) | " + " | ".join(res["summary"]) + " |", "|---|" + "---|" * len(res["summary"])]
-    for label, key in (("0 GenerationFailed", "generation_failed"), ("0 outputs with big number literals",
-                                                                       "big_number_outputs"),
+    for label, rows in (("plain models", lambda t: not RULE_TAGS & set(t)), ("models with rules", lambda t: RULE_TAGS & set(t))):
+        cells = []
+        for mode in res["summary"]:
+            reqs = [r for mdl in res["models"].values() if rows(mdl["types"]) for r in mdl["requests"] if r["mode"] == mode]
+            gf = sum(r["error"] == "GenerationFailed" for r in reqs)
+            ok = gf == 0 if label == "plain models" else gf <= 0.02 * len(reqs)
+            cells.append(f"{gf} of {len(reqs)} ({100 * gf / max(1, len(reqs)):.1f}%) — **{'met' if ok else 'not met'}**")
+        goal = "0" if label == "plain models" else "≤ 2%"
+        lines.append(f"| {goal} GenerationFailed on {label} | " + " | ".join(cells) + " |")
+    for label, key in (("0 outputs with big number literals", "big_number_outputs"),
                        ("0 outputs with strings > 200 chars", "long_string_outputs")):
         cells = [f"{s[key]} — **{'met' if s[key] == 0 else 'not met'}**" for s in res["summary"].values()]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
