@@ -115,3 +115,14 @@ def test_a_recursive_definitions_strings_share_the_budget_as_a_tree_would():
     bound_fields(flat, budget=128)
     assert tree["$defs"]["Node"]["properties"]["name"]["maxLength"] == field_chars(128, RECURSIVE_WEIGHT) == 96
     assert flat["$defs"]["Node"]["properties"]["name"]["maxLength"] == field_chars(128, 1) == 384
+
+
+def test_a_number_bound_beyond_the_bands_is_kept(hf_tok):
+    """A schema that asks for numbers beyond 1e16 gets them (the digit bands stop there)."""
+    wide = compile_constraint({"type": "number", "minimum": 0, "maximum": 10 ** 18}, tokenizer=hf_tok,
+                              bounded_numbers=True)
+    assert wide.grammar_accepts(str(5 * 10 ** 17)) and not wide.grammar_accepts("-1")
+    narrow = compile_constraint({"type": "number", "minimum": 0, "maximum": 100}, tokenizer=hf_tok,
+                                bounded_numbers=True)
+    assert narrow.grammar_accepts("99.5") and not narrow.grammar_accepts("100.5")
+    assert not narrow.grammar_accepts("1.12345678901")   # 11 decimals: beyond the band's 10

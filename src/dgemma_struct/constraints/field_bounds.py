@@ -9,7 +9,7 @@ schema's own rule fits under it.
   copy is an ``anyOf`` of magnitude bands, ``|x| < 10**k`` with at most ``min(10, 17 - k)`` digits after
   the point (a ``multipleOf``; llguidance reads steps down to ``1e-10`` exactly), ``k`` = 7, 10, 13, 16
   (so ``|x| < 1e7`` takes 10 decimals, ``< 1e10`` 7, ``< 1e13`` 4, ``< 1e16`` 1), each band cut to the
-  schema's own integer bounds. A number with non-integer bounds keeps the plain bounds
+  schema's own integer bounds; a schema bound beyond ``1e16`` asks for more and keeps plain bounds. A number with non-integer bounds keeps the plain bounds
   (llguidance's decimal range regexes misjudge a step beside them).
 - **Budgets** (``field_budget``): a plain string (no ``pattern`` / ``format`` / ``enum`` / ``const`` /
   ``maxLength``) gets ``maxLength = max(minLength, 16, ceil(3 * max_new_tokens / fields))``, ``fields``
@@ -160,7 +160,8 @@ def _bound_number(s: dict, t: str) -> None:
     top = INT_BOUND if t == "integer" else FLOAT_BOUND
     lows = [s[k] for k in _LOW if is_number(s.get(k))]
     highs = [s[k] for k in _HIGH if is_number(s.get(k))]
-    if t == "number" and all(float(v).is_integer() for v in lows + highs) \
+    # the bands stop at 1e16: a schema bound beyond it asks for more, and keeps plain bounds
+    if t == "number" and all(float(v).is_integer() and abs(v) <= FLOAT_BOUND for v in lows + highs) \
             and not any(k in s for k in _COMBINED):
         low, high = _side(s, _LOW, _tighter_low), _side(s, _HIGH, _tighter_high)
         bands = digit_bands(low, high)
