@@ -80,12 +80,15 @@ def test_result_tables_show_each_split_and_mode(tmp_path):
     arm = {"field_accuracy": 0.25, "exact_records": 0.0, "median_forwards": 7}
     splits = {s: {"diffusion": {"constrained": arm}, "ar": {"constrained": {**arm, "field_accuracy": 0.5}}}
               for s in finetune_report.SPLITS}
-    mode = {"field_accuracy": 0.7, "valid_json_rate": 0.9, "short_answer_exact": 0.5, "tool_argument_accuracy": 1.0,
-            "mean_tokens_per_forward": 12.0}
+    mode = {**dict.fromkeys(finetune_report.HELD_OUT_KEYS, 0.9), "field_accuracy": 0.7, "mean_tokens_per_forward": 12.0}
     data = {"shipped": {"splits": splits, "held_out": {"diffusion": mode, "ar": mode}},
             "tuned": {"splits": splits, "held_out": {"diffusion": mode, "ar": {**mode, "field_accuracy": 0.8}}}}
     (tmp_path / "training_finetune.json").write_text(json.dumps(data))
     [md] = finetune_report.write(tmp_path)
     text = md.read_text()
     assert text.count("| held_out_families |") == 2 and "| 25.0% (0.0%) | 25.0% (0.0%) | 7 → 7 |" in text
-    assert "| field_accuracy | 70.0% | 70.0% | 70.0% | 80.0% |" in text and "| 12.00 |" in text
+    assert "| field_accuracy | 70.0% | 70.0% | 70.0% | 80.0% | yes |" in text and "| 12.00 | yes |" in text
+    data["tuned"]["held_out"]["diffusion"] = {**mode, "valid_json_rate": 0.86}   # 4 pp below: flagged
+    (tmp_path / "training_finetune.json").write_text(json.dumps(data))
+    finetune_report.write(tmp_path)
+    assert "| valid_json_rate | 90.0% | 86.0% | 90.0% | 90.0% | **no** |" in md.read_text()
