@@ -120,3 +120,24 @@ def test_run_shape_and_plan_reuse(hf_tok):
     w.commit(c.tokenize("cd"))  # the string grows: the same plan still closes it
     assert plan_still_closes(w, plan)
     assert not plan_still_closes(w, plan[1:])  # without the closing quote it does not
+
+
+def test_a_reused_plan_must_pass_the_masks_not_only_the_matcher(hf_tok):
+    # a plan made inside a string (``"`` ``,"`` ...) stops being one the walker walks when the string
+    # reaches its maxLength: the bytes ``","b":"`` are then forced and the mask allows only their own
+    # tokens (``","``), while the matcher still consumes ``"`` ``,"`` (the guide committed such a plan)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"enum": ["x"]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    c = compile_constraint(schema, tokenizer=hf_tok)
+    cands = closing_candidates(c.tokenizer_info, max_len=None)
+    w = c.canvas_walker()
+    w.commit(c.tokenize('{"a":"'))
+    plan = closing_plan(w, *cands[:2], 20, *cands[2:])
+    assert plan is not None and plan_still_closes(w, plan)
+    w.commit(c.tokenize("yyyy"))
+    eos = c.eos_token_id
+    assert w.walk(plan + [eos]).n_valid == 0, "the scenario needs a plan the masks refuse at maxLength"
+    assert not plan_still_closes(w, plan)
+    fresh = closing_plan(w, *cands[:2], 20, *cands[2:])
+    assert fresh is not None and w.walk(fresh + [eos]).n_valid == len(fresh) + 1
+    assert c.tokenizer_info.lltok.decode_str(fresh) == '","b":"x"}'

@@ -175,3 +175,26 @@ def test_host_hints_match_the_tensors_the_guide_wrote(tok_runtime):
     guide.accept(view)
     consistent()
     assert view.frozen_upto[0] == 2 and view.frozen_tokens[0, :2].tolist() == [a, a]
+
+
+def test_a_closing_plan_the_masks_refuse_is_never_committed(tok_runtime, monkeypatch):
+    # commit() checks the matcher only, which takes ``"`` ``,"`` where the masks allow only ``","`` (the
+    # string is at its maxLength): a plan in that spelling must not be committed, the fill closes instead
+    import dgemma_struct.guide.constraint_guide as cg
+
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, "b": {"enum": ["x"]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    w = _walker(tok_runtime, schema)
+    w.commit(_ids(tok_runtime, '{"a":"yyyy'))
+    start = len(w.frozen_tokens)
+    refused = _ids(tok_runtime, '"') + _ids(tok_runtime, ',"b":"x"}')
+    assert w.walk(refused).n_valid == 0 and w.constraint.grammar_accepts('{"a":"yyyy","b":"x"}')
+    monkeypatch.setattr(cg, "free_room", lambda *a, **k: (0, list(refused)))
+    guide = ConstraintGuide([w], pad_token_id=0, budgets=[64], close_on_budget=True, force_tokens=False)
+    view = _view(tok_runtime)
+    guide.start_canvas(view)
+    guide.finish_canvas(view, torch.zeros(1, L, dtype=torch.long))
+    new = w.frozen_tokens[start:]
+    assert new and new[0] != refused[0]
+    check = w.constraint.canvas_walker()   # every committed token is one the masks allow
+    assert check.walk(w.frozen_tokens).n_valid == len(w.frozen_tokens)

@@ -31,7 +31,7 @@ from typing import Any, Generator, Sequence
 
 import numpy as np
 
-from .bitmask_np import allowed_among, bitmask_to_bool
+from .bitmask_np import allowed_among, bitmask_allows, bitmask_to_bool
 from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS, byte_representatives,  # noqa: F401
                              json_string_state, run_shape, search_closing, segment_punct, stepwise_closing,
                              allowed_closer, closing_walk, frozen_cursor, frozen_string_state)
@@ -126,35 +126,45 @@ def closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, ma
     if byte_ids is None or not len(byte_values):
         quote_ids, bracket_ids, byte_ids, byte_values = closing_candidates(walker.constraint.tokenizer_info)
     with engine_guard("planning a closing"):
+        # every plan is checked against the masks too: the guide commits it as the walker walks it
         greedy = _greedy_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
-        if greedy is not None and _completion_valid(walker, greedy):
+        if greedy is not None and _completion_valid(walker, greedy) and _mask_closes(walker, greedy):
             return greedy
         step = stepwise_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
-        if step is not None and _completion_valid(walker, step):
+        if step is not None and _completion_valid(walker, step) and _mask_closes(walker, step):
             return step
         found = search_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
-    for plan in found:
-        if _completion_valid(walker, plan):
-            return plan
-    plans = [p for p in (greedy, step, *found[:1]) if p is not None]
+        for plan in found:
+            if _completion_valid(walker, plan) and _mask_closes(walker, plan):
+                return plan
+        plans = [p for p in (greedy, step, *found[:1]) if p is not None and _mask_closes(walker, p)]
     return min(plans, key=len) if plans else None
 
 
 def plan_still_closes(walker: Any, plan: list[int]) -> bool:
-    """Whether ``plan`` (an earlier closing plan) still completes ``walker``'s frozen state: the
-    grammar takes it and then allows a stop token, and the completion passes validation. The guide
-    reuses such a plan instead of searching again after every commit (a free string's ``"...`` stays
-    a completion however long the string grows)."""
+    """Whether ``plan`` (an earlier closing plan) still completes ``walker``'s frozen state: every
+    token is allowed by the mask at its position (as the walker's ``walk`` checks it), a stop token is
+    allowed after it, and the completion passes validation. The guide reuses such a plan instead of
+    searching again after every commit (a free string's ``"...`` stays a completion however long the
+    string grows)."""
     if walker.eos_committed:
         return not plan
     with engine_guard("checking a closing plan"):
         if any(t in walker.stop_token_ids for t in plan):  # validate_tokens() refuses them
             return False
-        with frozen_cursor(walker) as cur:
-            if not cur.advance(plan):
+        return _mask_closes(walker, plan) and _completion_valid(walker, plan)
+
+
+def _mask_closes(walker: Any, plan: list[int]) -> bool:
+    """Whether the mask at each position of ``plan`` allows its token and a stop token is allowed
+    after it: what the walker's ``walk`` accepts. The matcher alone is not enough: once bytes are
+    forced (a string at its ``maxLength`` must close, the next key follows) the mask allows only their
+    canonical tokens (``","``) while the matcher still consumes another spelling (``"`` ``,"``)."""
+    with frozen_cursor(walker) as cur:
+        for t in plan:
+            if not bitmask_allows(walker.mask_of(cur.m), t) or not cur.advance([t]):
                 return False
-            closes = walker.allows_stop(walker.mask_of(cur.m))
-        return closes and _completion_valid(walker, plan)
+        return walker.allows_stop(walker.mask_of(cur.m))
 
 
 def _completion_valid(walker: Any, plan: list[int]) -> bool:

@@ -239,8 +239,13 @@ class ConstraintGuide(ExcludedAR, ARMasking):
         while f < L and active and view.logits.numel() and not w.is_stopped():
             room, plan = (free_room(r, self._canvas_of(r), self.closing_window) if self.close_on_budget
                           else (L, None))
-            if room == 0 and plan is not None:  # close now: the plan, then the stop token
-                self._freeze(view, b, plan + [w.stop_token_ids[0]], view.logits[b, f:])
+            close = plan + [w.stop_token_ids[0]] if room == 0 and plan is not None else None
+            if close is not None and w.walk(close).n_valid < len(close):
+                # never commit what the masks refuse (commit() checks the matcher only): fill instead,
+                # and plan afresh next time
+                close, r.closing_est = None, None
+            if close is not None:  # close now: the plan, then the stop token
+                self._freeze(view, b, close, view.logits[b, f:])
                 r.closing = True
             else:  # masked greedy fill, up to the closing window
                 fill = yield from greedy_fill_reads(w, view.logits[b, f:], L - f if room == 0 else min(room, L - f))
