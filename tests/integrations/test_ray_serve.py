@@ -28,6 +28,12 @@ def test_ray_serve_two_replicas(rt, tmp_path, monkeypatch):
     from ray._private import ray_constants
 
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)   # 127.0.0.1 stays 127.0.0.1
+    # Serve waits 60 s for its HTTP proxy actor; on a loaded 2-core box (a full run beside other work)
+    # starting it took longer and failed the test on Ray's start-up, not on the app under test
+    from ray.serve._private import api as serve_api, client as serve_client
+
+    for mod in (serve_api, serve_client):
+        monkeypatch.setattr(mod, "HTTP_PROXY_TIMEOUT", 300, raising=False)
     rt.model.save_pretrained(tmp_path)
     rt.tokenizer.save_pretrained(tmp_path)
     with socket.socket() as s:
