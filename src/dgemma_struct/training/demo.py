@@ -1,5 +1,5 @@
 """The ``demo`` command's job: what the embedded model was trained on, then three of its training
-families (person JSON, phone regex, sentiment choice) in diffusion and AR, then grounded extraction."""
+families (person JSON, date regex, sentiment choice) in diffusion and AR, then grounded extraction."""
 from __future__ import annotations
 
 import json
@@ -49,12 +49,14 @@ def demo_lines(rt, seed: int = 0) -> Iterator[str]:
     from dgemma_struct.constraints.specs import Choice, Regex
     from dgemma_struct.grounding import demo as grounded_demo
 
-    # prompts of three training families that the model answers right; the grounded demo below
-    # shows a miscopied email and how grounding fixes it
+    # prompts of three training families that the model answers right in both modes (a bare regex
+    # answer is the toy's weak spot in diffusion: docs/model_card.md); the grounded demo below shows
+    # grounding, which copies values from the prompt whatever the model would have written
     jobs = [
         ("Extract the name, age and email as JSON.\nAlice Gomez is 51 years old and can be reached at "
          "alice44@example.com.", Person),
-        ("Give the phone number.\nYou can call Ada on 555-867-5309 after six.", Regex(r"\d{3}-\d{3}-\d{4}")),
+        ("What date is mentioned? Answer as YYYY-MM-DD.\nThe contract ends on March 3, 2027.",
+         Regex(r"\d{4}-\d{2}-\d{2}")),
         ("Classify the sentiment as positive, negative or neutral.\nThe hotel was clean and the view was amazing.",
          Choice(["positive", "negative", "neutral"])),
     ]
