@@ -19,5 +19,5 @@ def test_demo_prints_valid_values_in_both_modes():
     assert [m for m, _, _ in values] == ["diffusion", "ar"] * 3, out
     person = [json.loads(v) for _, v, t in values[:2]]
     assert all(set(p) == {"name", "age", "email"} and isinstance(p["age"], int) for p in person)
-    assert all(re.fullmatch(r"\d{3}-\d{3}-\d{4}", json.loads(v)) for _, v, _ in values[2:4])
+    assert all(re.fullmatch(r"\d{4}-\d{2}-\d{2}", json.loads(v)) for _, v, _ in values[2:4])
     assert all(json.loads(v) in ("positive", "negative", "neutral") for _, v, _ in values[4:6])
