@@ -137,9 +137,11 @@ def test_huge_compiles_do_not_fail_other_requests(rt):
                 return await asyncio.gather(*huge, *known, new)
         rs = asyncio.run(go())
         for r in rs[:2]:
-            assert r.status_code in (200, 400), r.text
-            if r.status_code == 400:
-                assert r.json()["error"]["code"] == "constraint_too_complex"
+            # a huge spec: compiled, refused as too complex, or (the other huge one holding the compile slot
+            # past the 1 s wait on a loaded box) told to retry; never a failure of another kind
+            assert r.status_code in (200, 400, 503), r.text
+            if r.status_code != 200:
+                assert r.json()["error"]["code"] == {400: "constraint_too_complex", 503: "overloaded"}[r.status_code]
         for r in rs[2:]:
             assert r.status_code == 200, r.text
         assert httpx.get(url + "/health").json()["status"] == "ok"
