@@ -49,17 +49,22 @@ async def rendered(render: Any) -> Any:
 
     threading.Thread(target=work, name="dgemma-struct-template", daemon=True).start()
     t0 = time.monotonic()
-    while True:
-        try:
-            return await asyncio.wait_for(asyncio.shield(done), _RENDER_POLL_S)
-        except asyncio.TimeoutError:
-            pass
-        if not started.is_set():
-            continue
-        try:
-            spent = time.clock_gettime(clock[0]) if clock else time.monotonic() - t0
-        except OSError:              # the thread just ended: its answer is on its way
-            continue
-        if spent > TEMPLATE_DEADLINE_S:
-            raise APIError(400, f"rendering the chat template took more than {TEMPLATE_DEADLINE_S:g} s of CPU time",
-                           param="messages", code="prompt_too_complex") from None
+    try:
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(done), _RENDER_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+            if not started.is_set():
+                continue
+            try:
+                spent = time.clock_gettime(clock[0]) if clock else time.monotonic() - t0
+            except OSError:              # the thread just ended: its answer is on its way
+                continue
+            if spent > TEMPLATE_DEADLINE_S:
+                raise APIError(400, f"rendering the chat template took more than {TEMPLATE_DEADLINE_S:g} s of "
+                               "CPU time", param="messages", code="prompt_too_complex") from None
+    finally:
+        # nobody waits any more (refused, or the request cancelled): a late answer is dropped, and an
+        # exception the render raises later is not logged as "never retrieved"
+        done.cancel()
