@@ -74,6 +74,56 @@ def test_prefix_corruption_keeps_a_clean_prefix_and_noises_the_rest():
     assert bool(DiffusionRecipe().corrupt_mask(t, (200, 32), gen).all())  # no prefix: all noised at t=1
 
 
+def test_frontier_corruption_leaves_a_clean_prefix_and_all_random_after_it_at_any_noise_rate():
+    gen = torch.Generator().manual_seed(2)
+    t = torch.full((300, 1), 0.1)   # a low rate: without the frontier rule most positions stay clean
+    mask = DiffusionRecipe(frontier=1.0).corrupt_mask(t, (300, 32), gen)
+    first = mask.int().argmax(dim=1)
+    assert bool((mask == (torch.arange(32)[None, :] >= first[:, None])).all())   # one clean run, then all random
+    assert len(set(first.tolist())) > 20
+    some = DiffusionRecipe(frontier=0.5).corrupt_mask(t, (300, 32), gen)
+    contiguous = (some == (torch.arange(32)[None, :] >= some.int().argmax(dim=1)[:, None])).all(dim=1)
+    assert 0.3 < contiguous.float().mean() < 0.8   # about half the blocks, the rest uniform at rate t
+    with pytest.raises(InvalidRequestError, match="frontier"):
+        DiffusionRecipe(frontier_weight=-1.0)
+
+
+def test_frontier_loss_is_the_cross_entropy_at_each_rows_first_random_position():
+    logits = torch.randn(3, 8, 11)
+    clean = torch.randint(0, 11, (3, 8))
+    noise = torch.zeros(3, 8, dtype=torch.bool)
+    noise[0, 2:] = True
+    noise[1, 5:] = True          # row 2: nothing random, left out
+    want = torch.nn.functional.cross_entropy(logits[[0, 1], [2, 5]], clean[[0, 1], [2, 5]])
+    got = DiffusionRecipe(frontier_weight=3.0).frontier_loss(logits, clean, noise)
+    assert float(got) == pytest.approx(3 * float(want))
+    assert float(DiffusionRecipe(frontier_weight=3.0).frontier_loss(logits, clean, noise & False)) == 0.0
+    # in the training loss: the frontier term raises the diffusion loss of the same batch
+    tok, model = load_init(embedded_path())
+    from dgemma_struct.training.generalise import make_generalise_corpus
+
+    encoded = [train_mod.encode_example(tok, e) for e in make_generalise_corpus(4, seed=5)]
+    recipe = DiffusionRecipe(frontier=1.0, frontier_weight=1.0)
+    b = train_mod.make_batch(encoded, 32, 2048, torch.Generator().manual_seed(0), random.Random(0), recipe)
+    with torch.no_grad():
+        plain, _ = train_mod.loss_on_batch(model, b, False, DiffusionRecipe(frontier=1.0))
+        extra, _ = train_mod.loss_on_batch(model, b, False, recipe)
+    assert float(extra) > float(plain)
+
+
+def test_frontier_probe_compares_the_ar_head_and_the_decoder_on_the_same_positions():
+    from dgemma_struct.training.probe import frontier_accuracy
+
+    tok, model = load_init(embedded_path())
+    out = frontier_accuracy(model, tok, n=2)
+    assert set(out) == {"in_distribution", "held_out_families", "held_out_phrasings"}
+    for row in out.values():
+        assert row["tokens"] > 10 and all(0.0 <= row[k] <= 1.0 for k in ("ar", "diffusion_frontier"))
+    assert out == frontier_accuracy(model, tok, n=2)   # seeded: checkpoints compare on the same canvases
+    # the AR head reads the answer so far; the decoder given nothing but noise names few tokens right
+    assert sum(r["ar"] for r in out.values()) > sum(r["diffusion_all_random"] for r in out.values())
+
+
 def test_result_tables_show_each_split_and_mode(tmp_path):
     from dgemma_struct.training import finetune_report
 
@@ -92,3 +142,21 @@ def test_result_tables_show_each_split_and_mode(tmp_path):
     (tmp_path / "training_finetune.json").write_text(json.dumps(data))
     finetune_report.write(tmp_path)
     assert "| valid_json_rate | 90.0% | 86.0% | 90.0% | 90.0% | **no** |" in md.read_text()
+
+
+def test_recipe_flags_reach_train_and_bad_values_are_one_line_errors():
+    import argparse
+    import subprocess
+    import sys
+
+    from dgemma_struct.training.finetune_args import add_finetune_arguments, finetune_kwargs
+
+    p = argparse.ArgumentParser()
+    add_finetune_arguments(p)
+    kw = finetune_kwargs(p.parse_args(["--frontier", "0.5", "--frontier-weight", "2", "--prefix", "0.25"]))
+    assert (kw["frontier"], kw["frontier_weight"], kw["prefix"]) == (0.5, 2.0, 0.25)
+    import inspect
+    assert set(kw) <= set(inspect.signature(train_mod.train).parameters)
+    r = subprocess.run([sys.executable, "-m", "dgemma_struct.cli", "train", "--frontier-weight", "-1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "must be >= 0" in r.stderr and "Traceback" not in r.stderr

@@ -16,7 +16,8 @@ from dgemma_struct.training.recipe import T_DISTS
 
 #: flag dest -> train() keyword (the same names)
 FINETUNE_KNOBS = ("init_from", "mix", "warmup", "lr_floor", "checkpoint_every", "keep_checkpoints",
-                  "diffusion_views", "diffusion_weight", "t_dist", "self_condition", "sc_like_inference", "prefix")
+                  "diffusion_views", "diffusion_weight", "t_dist", "self_condition", "sc_like_inference", "prefix",
+                  "frontier", "frontier_weight")
 
 
 def _fraction(text: str) -> float:
@@ -52,6 +53,16 @@ def _positive(text: str) -> float:
     return x
 
 
+def _nonnegative(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return x
+
+
 def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     """Adds the fine-tuning flags (start checkpoint, corpus mix, schedule, diffusion objective) to ``p``."""
     g = p.add_argument_group("fine-tuning (docs/model_card.md)")
@@ -75,6 +86,10 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
                    help="self-condition on temperature-scaled logits of a noisier canvas, as inference does")
     g.add_argument("--prefix", type=_fraction, default=0.0,
                    help="share of blocks corrupted after a clean prefix of random length (constrained decoding's pattern)")
+    g.add_argument("--frontier", type=_fraction, default=0.0,
+                   help="share of blocks with a clean prefix of random length and every later position random")
+    g.add_argument("--frontier-weight", type=_nonnegative, default=0.0,
+                   help="weight of an extra loss at each block's first random position (default 0)")
 
 
 def finetune_kwargs(args: argparse.Namespace) -> dict[str, Any]:

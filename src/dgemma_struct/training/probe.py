@@ -1,12 +1,18 @@
-"""A cheap, low-variance check of the diffusion decoder during a run: its loss on held-out
-extraction answers at a fixed noise rate (1.0 is the all-random canvas inference starts from),
-alongside the AR loss of the same encoder pass. Used for the fine-tuning ablation (issue #33).
+"""Cheap, low-variance checks of the diffusion decoder during a run (issue #33):
+
+- :func:`probe_losses`: its loss on held-out extraction answers at a fixed noise rate (1.0 is the
+  all-random canvas inference starts from), alongside the AR loss of the same encoder pass;
+- :func:`frontier_accuracy`: teacher-forced next-token accuracy, the AR head against the decoder
+  at the frontier of a canvas whose prefix is the clean answer and whose rest is random, which is
+  the canvas the constraint guide decodes from (it freezes left to right and renoises the rest).
 
     >>> from dgemma_struct.training.recipe import embedded_path, load_init
     >>> tok, model = load_init(embedded_path())
     >>> out = probe_losses(model, tok, n=2, noise=(1.0,))
     >>> sorted(out)
     ['ar', 'diffusion@1.0']
+    >>> sorted(frontier_accuracy(model, tok, n=1)["held_out_families"])
+    ['ar', 'diffusion_all_random', 'diffusion_frontier', 'tokens']
 """
 from __future__ import annotations
 
@@ -42,3 +48,48 @@ def probe_losses(model, tokenizer, n: int = 16, noise: tuple[float, ...] = (1.0,
                     sums["ar"].append(ar.item())
     model.train(was_training)
     return {k: round(sum(v) / len(v), 4) for k, v in sums.items()}
+
+
+def frontier_accuracy(model, tokenizer, n: int = 20, seed: int = EVAL_SEED) -> dict[str, dict[str, float]]:
+    """Per evaluation split, over the first canvas of each of ``n`` answers, the share of answer
+    positions ``k`` whose token is the argmax of: the AR head after the prompt and ``answer[:k]``
+    (``ar``); the decoder on a canvas holding ``answer[:k]`` then uniform-random tokens, at
+    position ``k`` (``diffusion_frontier``); the decoder on an all-random canvas, at every position
+    (``diffusion_all_random``). One random draw per example, seeded, so checkpoints compare on the
+    same canvases."""
+    from transformers import DynamicCache
+
+    from dgemma_struct.training.train import softcapped_logits
+
+    L, V = model.config.canvas_length, model.config.text_config.vocab_size
+    was_training = model.training
+    model.eval()
+    out: dict[str, dict[str, float]] = {}
+    with torch.no_grad():
+        for split, examples in eval_examples(n, seed=seed).items():
+            hits = {"ar": 0, "diffusion_frontier": 0, "diffusion_all_random": 0}
+            total = 0
+            for i, e in enumerate(examples):
+                prompt, answer = encode_example(tokenizer, e)
+                answer = answer[:L]
+                K = len(answer)
+                gen = torch.Generator().manual_seed(seed + i)
+                batch = make_batch([(prompt, answer)] * K, L, V, gen, random.Random(seed + i))
+                want = torch.tensor(answer)
+                rand = torch.randint(0, V, (K, L), generator=gen)
+                canvas = torch.where(torch.arange(L)[None, :] < torch.arange(K)[:, None], batch["clean"], rand)
+                cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+                enc = model.model.encoder(input_ids=batch["ids"], attention_mask=batch["attn"], past_key_values=cache)
+                T = batch["ids"].shape[1]
+                ar = softcapped_logits(model, enc.last_hidden_state[:1, T - 1 - K:T - 1])[0].argmax(-1)
+                kw = dict(past_key_values=enc.past_key_values, decoder_attention_mask=batch["dec_mask"],
+                          decoder_position_ids=batch["dec_pos"])
+                front = model(decoder_input_ids=canvas, **kw).logits.argmax(-1)
+                everywhere = model(decoder_input_ids=rand, **kw).logits[0, :K].argmax(-1)
+                hits["ar"] += int((ar == want).sum())
+                hits["diffusion_frontier"] += int((front[torch.arange(K), torch.arange(K)] == want).sum())
+                hits["diffusion_all_random"] += int((everywhere == want).sum())
+                total += K
+            out[split] = {k: round(v / max(1, total), 4) for k, v in hits.items()} | {"tokens": total}
+    model.train(was_training)
+    return out

@@ -103,7 +103,7 @@ def encode_example(tokenizer, ex: dict) -> tuple[list[int], list[int]]:
 def make_batch(encoded: list[tuple[list[int], list[int]]], canvas: int, vocab: int, gen: torch.Generator,
                rng: random.Random, recipe: DiffusionRecipe | None = None):
     """Left-padded full sequences plus, per row, the block(s) to denoise and their corruption
-    (``recipe.views`` > 1: ``clean``, ``noisy``, ``dec_mask``, ``dec_pos`` get a leading view axis)."""
+    (``recipe.views`` > 1: ``clean``, ``noisy``, ``noise_mask``, ``dec_mask``, ``dec_pos`` get a leading view axis)."""
     recipe = recipe or DiffusionRecipe()
     B, V = len(encoded), recipe.views
     seqs, ctx_lens, blocks = [], [], []
@@ -134,7 +134,7 @@ def make_batch(encoded: list[tuple[list[int], list[int]]], canvas: int, vocab: i
     cache_visible = attn[None] & (torch.arange(T)[None, None, :] < ctx_end[..., None])
     dec_mask = torch.cat([cache_visible, torch.ones(V, B, canvas, dtype=torch.bool)], dim=2)
     dec_pos = ctx_end[..., None] + torch.arange(canvas)[None, None, :]
-    views = dict(clean=clean, noisy=noisy, dec_mask=dec_mask, dec_pos=dec_pos)
+    views = dict(clean=clean, noisy=noisy, dec_mask=dec_mask, dec_pos=dec_pos, noise_mask=noise_mask)
     if V == 1:
         views = {k: v[0] for k, v in views.items()}
     return dict(ids=ids, attn=attn, ar_labels=ar_labels, **views)
@@ -166,7 +166,7 @@ def loss_on_batch(model, batch: dict, self_condition: bool, recipe: DiffusionRec
     stacked = batch["clean"].dim() == 3
     losses = []
     for v in range(batch["clean"].shape[0] if stacked else 1):
-        view = {k: batch[k][v] if stacked else batch[k] for k in ("clean", "noisy", "dec_mask", "dec_pos")}
+        view = {k: batch[k][v] if stacked else batch[k] for k in ("clean", "noisy", "dec_mask", "dec_pos", "noise_mask")}
         kwargs = dict(past_key_values=enc.past_key_values, decoder_input_ids=view["noisy"],
                       decoder_attention_mask=view["dec_mask"], decoder_position_ids=view["dec_pos"])
         sc = None
@@ -174,7 +174,10 @@ def loss_on_batch(model, batch: dict, self_condition: bool, recipe: DiffusionRec
             sc = self_condition_logits(model, kwargs, view["noisy"], recipe, model.config.text_config.vocab_size,
                                        gen if gen is not None else torch.Generator().manual_seed(0))
         logits = model(**kwargs, self_conditioning_logits=sc).logits
-        losses.append(F.cross_entropy(logits.flatten(0, 1), view["clean"].flatten()))
+        loss = F.cross_entropy(logits.flatten(0, 1), view["clean"].flatten())
+        if recipe.frontier_weight:
+            loss = loss + recipe.frontier_loss(logits, view["clean"], view["noise_mask"])
+        losses.append(loss)
     return torch.stack(losses).mean(), ar_loss
 
 
@@ -185,7 +188,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
           mix: float = 0.0, warmup: int = 150, lr_floor: float = 0.1, checkpoint_every: int = 250,
           keep_checkpoints: bool = False, diffusion_views: int = 1, diffusion_weight: float = 1.0,
           t_dist: str = "uniform", self_condition: float = 0.5, sc_like_inference: bool = False,
-          prefix: float = 0.0) -> dict:
+          prefix: float = 0.0, frontier: float = 0.0, frontier_weight: float = 0.0) -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
 
@@ -211,14 +214,15 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     decays by a cosine to ``lr_floor * lr``; a checkpoint every ``checkpoint_every`` steps (with
     ``keep_checkpoints`` also the model alone in ``step_NNNNN/``). The diffusion objective:
     ``diffusion_views``, ``diffusion_weight``, ``t_dist``, ``self_condition``, ``sc_like_inference``,
-    ``prefix`` (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`)."""
+    ``prefix``, ``frontier``, ``frontier_weight`` (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`)."""
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     from dgemma_struct.errors import InvalidRequestError, ModelLoadError
     from dgemma_struct.runtime import resolve_device, resolve_dtype
 
     recipe = DiffusionRecipe(views=diffusion_views, weight=diffusion_weight, t_dist=t_dist,
-                             self_condition=self_condition, sc_like_inference=sc_like_inference, prefix=prefix)
+                             self_condition=self_condition, sc_like_inference=sc_like_inference, prefix=prefix,
+                             frontier=frontier, frontier_weight=frontier_weight)
     if corpus not in CORPORA:
         raise InvalidRequestError(f"corpus must be one of {sorted(CORPORA)}, got {corpus!r}")
     dev = resolve_device(device)
