@@ -24,32 +24,47 @@ def _pct(x: float | None) -> str:
 
 def ablation_table(data: dict) -> str:
     """One row per run: recipe, steps, minutes, diffusion constrained field accuracy (mean and per
-    split), median forwards, probe losses."""
-    head = ["run", "recipe", "steps", "minutes", "diffusion constrained (mean)", "in-dist / fam / phr",
-            "median fwd", "diff. loss t=1", "AR loss"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    split), median forwards, probe losses; when every row has it, AR constrained field accuracy too."""
+    with_ar = all("ar_constrained_field_accuracy" in r for r in data["rows"])
+    head = ["run", "recipe", "steps", "minutes", "diffusion constrained (mean)", "in-dist / fam / phr"]
+    head += ["AR constrained (mean)", "in-dist / fam / phr"] if with_ar else []
+    head += ["median fwd", "diff. loss t=1", "AR loss"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "--:|" * (len(head) - 2)]
     for r in data["rows"]:
-        acc = r["diffusion_constrained_field_accuracy"]
-        mean = sum(acc.values()) / len(acc)
+        cells = [r["run"], r["recipe"], str(r["steps"]), str(r["minutes"])]
+        for key in ("diffusion_constrained_field_accuracy",) + (("ar_constrained_field_accuracy",) if with_ar else ()):
+            acc = r[key]
+            cells += [_pct(sum(acc.values()) / len(acc)), " / ".join(_pct(acc[s]) for s in acc)]
         fwd = sorted(r["median_forwards"].values())[len(r["median_forwards"]) // 2]
-        lines.append(f"| {r['run']} | {r['recipe']} | {r['steps']} | {r['minutes']} | {_pct(mean)} | "
-                     + " / ".join(_pct(acc[s]) for s in acc) + f" | {fwd} | "
-                     f"{r['probe_losses']['diffusion@1.0']:.2f} | {r['probe_losses']['ar']:.2f} |")
+        cells += [str(fwd), f"{r['probe_losses']['diffusion@1.0']:.2f}", f"{r['probe_losses']['ar']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def splits_table(data: dict) -> str:
-    """Shipped vs fine-tuned field accuracy per split, mode and arm (exact records in brackets)."""
-    lines = ["| split | mode | arm | shipped | fine-tuned | median fwd (shipped → tuned) |",
-             "|---|---|---|--:|--:|--:|"]
-    before, after = data["shipped"]["splits"], data["tuned"]["splits"]
+    """Shipped vs fine-tuned field accuracy per split, mode and arm (exact records in brackets); with a
+    ``previous`` entry (an earlier fine-tune that shipped) also its column, between the two.
+
+    >>> arm = {"field_accuracy": 0.5, "exact_records": 0.1, "median_forwards": 3}
+    >>> one = {"splits": {s: {"ar": {"constrained": arm}} for s in SPLITS}}
+    >>> splits_table({"shipped": one, "previous": one, "tuned": one}).splitlines()[2]
+    '| in_distribution | ar | constrained | 50.0% (10.0%) | 50.0% (10.0%) | 50.0% (10.0%) | 3 → 3 |'
+    """
+    cols = ["shipped", "previous", "tuned"] if "previous" in data else ["shipped", "tuned"]
+    names = {"shipped": "before fine-tuning" if "previous" in data else "shipped", "previous": "previous fine-tune",
+             "tuned": "fine-tuned"}
+    names.update({c: data[c]["label"] for c in cols if "label" in data[c]})   # a results file may name its columns
+    span = f"{names[cols[0]]} → {names[cols[-1]]}"
+    lines = ["| split | mode | arm | " + " | ".join(names[c] for c in cols) + f" | median fwd ({span}) |",
+             "|---|---|---|" + "--:|" * len(cols) + "--:|"]
+    after = data["tuned"]["splits"]
     for s in SPLITS:
         for mode in after[s]:
             for arm in after[s][mode]:
-                a, b = before[s][mode][arm], after[s][mode][arm]
-                lines.append(f"| {s} | {mode} | {arm} | {_pct(a['field_accuracy'])} ({_pct(a['exact_records'])}) | "
-                             f"{_pct(b['field_accuracy'])} ({_pct(b['exact_records'])}) | "
-                             f"{a['median_forwards']} → {b['median_forwards']} |")
+                got = [data[c]["splits"][s][mode][arm] for c in cols]
+                lines.append(f"| {s} | {mode} | {arm} | "
+                             + " | ".join(f"{_pct(g['field_accuracy'])} ({_pct(g['exact_records'])})" for g in got)
+                             + f" | {got[0]['median_forwards']} → {got[-1]['median_forwards']} |")
     return "\n".join(lines)
 
 
@@ -68,8 +83,11 @@ def held_out_table(data: dict) -> str:
     >>> held_out_table({"shipped": {"held_out": row}, "tuned": {"held_out": worse}}).splitlines()[2]
     '| field_accuracy | 50.0% | 40.0% | 90.0% | 90.0% | **no** |'
     """
-    lines = ["| metric | diffusion shipped | diffusion tuned | AR shipped | AR tuned | within 3 pp |",
-             "|---|--:|--:|--:|--:|---|"]
+    cols = ["shipped", "previous", "tuned"] if "previous" in data else ["shipped", "tuned"]
+    names = {"shipped": "shipped", "previous": "previous", "tuned": "tuned"}
+    names.update({c: data[c]["label"] for c in cols if "label" in data[c]})
+    head = [f"{m} {names[c]}" for m in ("diffusion", "AR") for c in cols]
+    lines = ["| metric | " + " | ".join(head) + " | within 3 pp |", "|---|" + "--:|" * len(head) + "---|"]
     b, a = data["shipped"]["held_out"], data["tuned"]["held_out"]
     for k in HELD_OUT_KEYS:
         if k == "mean_tokens_per_forward":
@@ -77,18 +95,20 @@ def held_out_table(data: dict) -> str:
         else:
             fmt = _pct
             ok = all(a[m][k] >= b[m][k] - ALLOWED_DROP - 1e-9 for m in ("diffusion", "ar"))
-        lines.append(f"| {k} | {fmt(b['diffusion'][k])} | {fmt(a['diffusion'][k])} | {fmt(b['ar'][k])} | "
-                     f"{fmt(a['ar'][k])} | {'yes' if ok else '**no**'} |")
+        cells = [fmt(data[c]["held_out"][m][k]) for m in ("diffusion", "ar") for c in cols]
+        lines.append(f"| {k} | " + " | ".join(cells) + f" | {'yes' if ok else '**no**'} |")
     return "\n".join(lines)
 
 
 def write(results_dir: str | Path) -> list[Path]:
-    """Writes ``training_ablation.md`` / ``training_finetune.md`` for the JSON files present."""
+    """Writes ``training_ablation.md`` (and ``training_ablation_long.md``, the same table for the long
+    runs) and ``training_finetune.md`` for the JSON files present."""
     d, out = Path(results_dir), []
-    if (d / "training_ablation.json").exists():
-        p = d / "training_ablation.md"
-        p.write_text(ablation_table(json.loads((d / "training_ablation.json").read_text())) + "\n")
-        out.append(p)
+    for name in ("training_ablation", "training_ablation_long"):
+        if (d / f"{name}.json").exists():
+            p = d / f"{name}.md"
+            p.write_text(ablation_table(json.loads((d / f"{name}.json").read_text())) + "\n")
+            out.append(p)
     if (d / "training_finetune.json").exists():
         data = json.loads((d / "training_finetune.json").read_text())
         p = d / "training_finetune.md"
