@@ -17,8 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from dgemma_struct.training.generalise import EVAL_SPLITS as SPLITS
+
 ROOT = Path(__file__).resolve().parents[1]
-SPLITS = ("in_distribution", "held_out_families", "held_out_phrasings")
 
 
 def table(rows: list[dict]) -> str:

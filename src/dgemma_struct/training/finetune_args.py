@@ -20,14 +20,23 @@ FINETUNE_KNOBS = ("init_from", "mix", "warmup", "lr_floor", "checkpoint_every", 
                   "frontier", "frontier_weight")
 
 
-def _fraction(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-    if not 0.0 <= x <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
-    return x
+def _number(ok: Callable[[float], bool], rule: str) -> Callable[[str], float]:
+    """An argparse type: a float for which ``ok`` holds, else the error ``must be {rule}``."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        if not ok(x):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return x
+    parse.__name__ = "float"
+    return parse
+
+
+_fraction = _number(lambda x: 0.0 <= x <= 1.0, "in [0, 1]")
+_positive = _number(lambda x: x > 0, "> 0")
+_nonnegative = _number(lambda x: x >= 0, ">= 0")
 
 
 def _count(low: int) -> Callable[[str], int]:
@@ -41,26 +50,6 @@ def _count(low: int) -> Callable[[str], int]:
         return x
     parse.__name__ = "int"
     return parse
-
-
-def _positive(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-    if not x > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return x
-
-
-def _nonnegative(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-    if not x >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return x
 
 
 def add_finetune_arguments(p: argparse.ArgumentParser) -> None:

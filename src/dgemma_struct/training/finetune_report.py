@@ -15,11 +15,18 @@ import json
 import sys
 from pathlib import Path
 
-SPLITS = ("in_distribution", "held_out_families", "held_out_phrasings")
+from dgemma_struct.training.generalise import EVAL_SPLITS as SPLITS
 
 
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _columns(data: dict, names: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The checkpoints a results file compares (``previous`` only when present) and their column
+    names: ``names``, overridden by each entry's own ``label``."""
+    cols = ["shipped", "previous", "tuned"] if "previous" in data else ["shipped", "tuned"]
+    return cols, names | {c: data[c]["label"] for c in cols if "label" in data[c]}
 
 
 def ablation_table(data: dict) -> str:
@@ -50,10 +57,8 @@ def splits_table(data: dict) -> str:
     >>> splits_table({"shipped": one, "previous": one, "tuned": one}).splitlines()[2]
     '| in_distribution | ar | constrained | 50.0% (10.0%) | 50.0% (10.0%) | 50.0% (10.0%) | 3 → 3 |'
     """
-    cols = ["shipped", "previous", "tuned"] if "previous" in data else ["shipped", "tuned"]
-    names = {"shipped": "before fine-tuning" if "previous" in data else "shipped", "previous": "previous fine-tune",
-             "tuned": "fine-tuned"}
-    names.update({c: data[c]["label"] for c in cols if "label" in data[c]})   # a results file may name its columns
+    cols, names = _columns(data, {"shipped": "before fine-tuning" if "previous" in data else "shipped",
+                                  "previous": "previous fine-tune", "tuned": "fine-tuned"})
     span = f"{names[cols[0]]} → {names[cols[-1]]}"
     lines = ["| split | mode | arm | " + " | ".join(names[c] for c in cols) + f" | median fwd ({span}) |",
              "|---|---|---|" + "--:|" * len(cols) + "--:|"]
@@ -83,9 +88,7 @@ def held_out_table(data: dict) -> str:
     >>> held_out_table({"shipped": {"held_out": row}, "tuned": {"held_out": worse}}).splitlines()[2]
     '| field_accuracy | 50.0% | 40.0% | 90.0% | 90.0% | **no** |'
     """
-    cols = ["shipped", "previous", "tuned"] if "previous" in data else ["shipped", "tuned"]
-    names = {"shipped": "shipped", "previous": "previous", "tuned": "tuned"}
-    names.update({c: data[c]["label"] for c in cols if "label" in data[c]})
+    cols, names = _columns(data, {c: c for c in ("shipped", "previous", "tuned")})
     head = [f"{m} {names[c]}" for m in ("diffusion", "AR") for c in cols]
     lines = ["| metric | " + " | ".join(head) + " | within 3 pp |", "|---|" + "--:|" * len(head) + "---|"]
     b, a = data["shipped"]["held_out"], data["tuned"]["held_out"]

@@ -78,11 +78,14 @@ def frontier_accuracy(model, tokenizer, n: int = 20, seed: int = EVAL_SEED) -> d
                 want = torch.tensor(answer)
                 rand = torch.randint(0, V, (K, L), generator=gen)
                 canvas = torch.where(torch.arange(L)[None, :] < torch.arange(K)[:, None], batch["clean"], rand)
+                # one encoder pass for the K canvases: they share the prompt and the answer
                 cache = DynamicCache(config=model.config.get_text_config(decoder=True))
-                enc = model.model.encoder(input_ids=batch["ids"], attention_mask=batch["attn"], past_key_values=cache)
+                enc = model.model.encoder(input_ids=batch["ids"][:1], attention_mask=batch["attn"][:1],
+                                          past_key_values=cache)
                 T = batch["ids"].shape[1]
-                ar = softcapped_logits(model, enc.last_hidden_state[:1, T - 1 - K:T - 1])[0].argmax(-1)
-                kw = dict(past_key_values=enc.past_key_values, decoder_attention_mask=batch["dec_mask"],
+                ar = softcapped_logits(model, enc.last_hidden_state[:, T - 1 - K:T - 1])[0].argmax(-1)
+                cache.batch_repeat_interleave(K)
+                kw = dict(past_key_values=cache, decoder_attention_mask=batch["dec_mask"],
                           decoder_position_ids=batch["dec_pos"])
                 front = model(decoder_input_ids=canvas, **kw).logits.argmax(-1)
                 everywhere = model(decoder_input_ids=rand, **kw).logits[0, :K].argmax(-1)
