@@ -40,3 +40,22 @@ def test_dgemma_struct_eval_report_holds_the_three_splits():
     assert list(rep["generalise"]["splits"]) == list(EVAL_SPLITS)
     assert set(rep["generalise"]["splits"]["held_out_families"]) == {"diffusion", "ar"}
     assert "generalise" not in evaluate(rt, n=1, batch_size=1, max_new_tokens=8, splits_n=0)
+
+
+@pytest.mark.skipif(not embedded_model_available(), reason="embedded checkpoint missing")
+def test_unseen_names_are_scored_per_mode_and_family_against_the_reference():
+    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.training.eval_splits import evaluate_unseen_names
+    from dgemma_struct.training.evaluate import evaluate
+    from dgemma_struct.training.generalise import unseen_name_examples
+
+    rt = DiffusionRuntime.default(device="cpu")
+    rep = evaluate_unseen_names(rt, 4, modes=("ar",))
+    assert rep["n"] == 4 and "diffusion" not in rep
+    fams = [e["family"] for e in unseen_name_examples(4)]
+    assert rep["families"] == sorted(set(fams))
+    assert 0.0 <= rep["ar"]["exact"] <= 1.0
+    # the overall rate is the per-family rates weighted by their counts
+    assert rep["ar"]["exact"] == pytest.approx(sum(rep["ar"]["per_family"][f] * fams.count(f) for f in set(fams)) / 4,
+                                               abs=1e-3)
+    assert set(evaluate(rt, n=1, batch_size=1, max_new_tokens=8, splits_n=1)["unseen_names"]) >= {"diffusion", "ar"}

@@ -142,6 +142,20 @@ def test_result_tables_show_each_split_and_mode(tmp_path):
     (tmp_path / "training_finetune.json").write_text(json.dumps(data))
     finetune_report.write(tmp_path)
     assert "| valid_json_rate | 90.0% | 86.0% | 90.0% | 90.0% | **no** |" in md.read_text()
+    # explicit columns (oldest first) and the unseen-names table, whose drop is flagged the same way
+    names = lambda ar: {"n": 4, "families": ["phone"], "ar": {"exact": ar, "per_family": {"phone": ar}}}  # noqa: E731
+    data = {"columns": ["orig", "mid", "new"], "orig": {**data["shipped"], "unseen_names": names(0.75)},
+            "mid": {**data["shipped"], "unseen_names": names(0.25), "label": "middle"},
+            "new": {**data["shipped"], "unseen_names": names(0.5)}}
+    (tmp_path / "training_finetune.json").write_text(json.dumps(data))
+    finetune_report.write(tmp_path)
+    text = md.read_text()
+    assert "| split | mode | arm | orig | middle | new |" in text
+    assert "| ar | phone | 75.0% | 25.0% | 50.0% | **no** |" in text
+    data["new"]["unseen_names"] = names(0.75)
+    (tmp_path / "training_finetune.json").write_text(json.dumps(data))
+    finetune_report.write(tmp_path)
+    assert "| ar | all | 75.0% | 25.0% | 75.0% | yes |" in md.read_text()
 
 
 def test_recipe_flags_reach_train_and_bad_values_are_one_line_errors():

@@ -1,6 +1,8 @@
 """The generalisation corpus: deterministic, answers copied from their sources, valid against their
 schemas, and held-out families / field names / phrasings never in training."""
 import json
+import random
+import re
 
 import jsonschema
 import pytest
@@ -106,3 +108,42 @@ def test_field_vocabulary_is_large_and_plain():
     assert all(n.isidentifier() and 3 <= len(n) <= 24 for n in NAMES)
     assert schemas.split_words("deletionTimestamp") == ["deletion", "timestamp"]
     assert schemas.field_of("item_count").kind == "integer" and schemas.field_of("is_active").kind == "boolean"
+
+
+def test_fresh_names_swap_people_consistently_and_only_in_training(train_corpus, held):
+    from dgemma_struct.training import words
+    from dgemma_struct.training.generalise import FRESH_NAMES, fresh_names
+
+    listed = set(words.FIRST) | set(words.LAST)
+    ex = {"prompt": "Call Alice Smith or Bob Smith; Alice answers.", "answer": '{"a":"Alice Smith","b":"Bob Smith"}',
+          "fields": {"a": "Alice Smith", "b": ["Bob Smith"]}}
+    out = fresh_names(random.Random(5), ex)
+    a_first, a_last = out["fields"]["a"].split()
+    assert a_first not in listed and a_last not in listed and a_last == out["fields"]["b"][0].split()[1]
+    assert out["prompt"].count(a_first) == 2 and json.loads(out["answer"])["a"] == out["fields"]["a"]
+    assert fresh_names(random.Random(5), {"prompt": "no people", "answer": "x", "fields": {}})["prompt"] == "no people"
+    # in training about FRESH_NAMES of the examples that name a listed person are renamed
+    people = [e for e in train_corpus if e["kind"] in ("json", "short", "tool") and not e["thinking"]
+              and any(n in e["prompt"].split() for n in ("Call", "call", "Reserve", "Extract"))]
+    renamed = [e for e in train_corpus if not any(w.strip(".,;:") in listed for w in e["prompt"].split())
+               and e["kind"] == "short" and e["family"] == "phone"]
+    assert people and renamed
+    phones = [e for e in train_corpus if e["kind"] == "short" and e["family"] == "phone"]
+    assert 0.05 < len(renamed) / len(phones) < 0.6, (len(renamed), len(phones), FRESH_NAMES)
+    # the evaluation splits keep the lists' names: they measure what they measured before
+    assert eval_examples(20) == eval_examples(20)
+
+
+def test_unseen_name_examples_name_nobody_from_the_lists():
+    from dgemma_struct.training import words
+    from dgemma_struct.training.generalise import NAME_FAMILIES, unseen_name_examples
+
+    listed = set(words.FIRST) | set(words.LAST)
+    ex = unseen_name_examples(40)
+    assert len(ex) == 40 and ex == unseen_name_examples(40)
+    assert {e["family"] for e in ex} == set(NAME_FAMILIES)
+    for e in ex:
+        assert not [w for w in e["prompt"].replace(".", " ").split() if w in listed], e["prompt"]
+        assert re.fullmatch(e["regex"], e["answer"])
+        if e["family"] != "date":  # a date is asked for in another format
+            assert e["answer"] in e["prompt"]

@@ -16,7 +16,7 @@ import statistics
 import time
 from typing import Any, Sequence
 
-from dgemma_struct.training.generalise import EVAL_SEED, EVAL_SPLITS, eval_examples
+from dgemma_struct.training.generalise import EVAL_SEED, EVAL_SPLITS, eval_examples, unseen_name_examples
 from dgemma_struct.training.render import flatten
 
 ARMS = ("constrained", "grounded")
@@ -115,4 +115,29 @@ def evaluate_splits(runtime: Any, n_per_split: int = 8, *, modes: Sequence[str] 
                 results = _run(runtime, data[split], mode, arm, max_new_tokens, batch_size)
                 per_mode[mode][arm] = _summary(data[split], results, time.perf_counter() - t0)
         report["splits"][split] = per_mode
+    return report
+
+
+def evaluate_unseen_names(runtime: Any, n: int = 30, *, modes: Sequence[str] = ("diffusion", "ar"),
+                          batch_size: int = 16) -> dict[str, Any]:
+    """Exact-answer rate per mode on :func:`~dgemma_struct.training.generalise.unseen_name_examples`,
+    answered with the regex API: does the model copy a phone number, email or date when the person
+    in the prompt has a name it never saw? (The name lists are small; a fine-tune that copied only
+    after listed names lost the README's "call Ada" answer.)"""
+    from dgemma_struct.api import generate_batch
+    from dgemma_struct.constraints.specs import Regex
+
+    examples = unseen_name_examples(n)
+    report: dict[str, Any] = {"n": n, "families": sorted({e["family"] for e in examples})}
+    for mode in modes:
+        got = []
+        for i in range(0, n, batch_size):
+            chunk = examples[i:i + batch_size]
+            got += generate_batch([e["prompt"] for e in chunk], [Regex(e["regex"]) for e in chunk], runtime=runtime,
+                                  return_exceptions=True, mode=mode, seed=list(range(i, i + len(chunk))),
+                                  max_new_tokens=32)
+        hits = [getattr(g, "value", None) == e["answer"] for e, g in zip(examples, got)]
+        report[mode] = {"exact": round(sum(hits) / max(1, n), 4),
+                        "per_family": {f: round(statistics.mean(h for h, e in zip(hits, examples) if e["family"] == f), 4)
+                                       for f in report["families"]}}
     return report

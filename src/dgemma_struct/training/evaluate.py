@@ -65,7 +65,9 @@ def evaluate(runtime: DiffusionRuntime, n: int = 200, *, seed: int = HELD_OUT_SE
 
     ``report["generalise"]``: the constrained evaluation of ``splits_n`` prompts per split
     (in-distribution, held-out families, held-out phrasings; diffusion and AR) of
-    :func:`~dgemma_struct.training.eval_splits.evaluate_splits`; ``splits_n=0`` skips it."""
+    :func:`~dgemma_struct.training.eval_splits.evaluate_splits`; ``splits_n=0`` skips it.
+    ``report["unseen_names"]``: as many short answers whose person has an invented name
+    (:func:`~dgemma_struct.training.eval_splits.evaluate_unseen_names`), skipped with them."""
     from dgemma_struct.prompts import ChatPrompt
 
     examples = make_corpus(n, seed=seed)
@@ -128,9 +130,10 @@ def evaluate(runtime: DiffusionRuntime, n: int = 200, *, seed: int = HELD_OUT_SE
                         for e, _, raw in rows if e["kind"] in ("json", "tool")][:4],
         }
     if splits_n:
-        from dgemma_struct.training.eval_splits import evaluate_splits
+        from dgemma_struct.training.eval_splits import evaluate_splits, evaluate_unseen_names
 
         report["generalise"] = evaluate_splits(runtime, splits_n, max_new_tokens=max(max_new_tokens, 128))
+        report["unseen_names"] = evaluate_unseen_names(runtime, splits_n)
     return report
 
 

@@ -23,10 +23,11 @@ def _pct(x: float | None) -> str:
 
 
 def _columns(data: dict, names: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The checkpoints a results file compares (``previous`` only when present) and their column
-    names: ``names``, overridden by each entry's own ``label``."""
-    cols = ["shipped", "previous", "tuned"] if "previous" in data else ["shipped", "tuned"]
-    return cols, names | {c: data[c]["label"] for c in cols if "label" in data[c]}
+    """The checkpoints a results file compares, oldest first: its ``columns`` list, else ``shipped``,
+    ``previous`` (when present) and ``tuned``; their column names: ``names``, overridden by each
+    entry's own ``label``."""
+    cols = data.get("columns") or (["shipped", "previous", "tuned"] if "previous" in data else ["shipped", "tuned"])
+    return cols, {c: c for c in cols} | names | {c: data[c]["label"] for c in cols if "label" in data[c]}
 
 
 def ablation_table(data: dict) -> str:
@@ -62,7 +63,7 @@ def splits_table(data: dict) -> str:
     span = f"{names[cols[0]]} → {names[cols[-1]]}"
     lines = ["| split | mode | arm | " + " | ".join(names[c] for c in cols) + f" | median fwd ({span}) |",
              "|---|---|---|" + "--:|" * len(cols) + "--:|"]
-    after = data["tuned"]["splits"]
+    after = data[cols[-1]]["splits"]
     for s in SPLITS:
         for mode in after[s]:
             for arm in after[s][mode]:
@@ -91,7 +92,7 @@ def held_out_table(data: dict) -> str:
     cols, names = _columns(data, {c: c for c in ("shipped", "previous", "tuned")})
     head = [f"{m} {names[c]}" for m in ("diffusion", "AR") for c in cols]
     lines = ["| metric | " + " | ".join(head) + " | within 3 pp |", "|---|" + "--:|" * len(head) + "---|"]
-    b, a = data["shipped"]["held_out"], data["tuned"]["held_out"]
+    b, a = data[cols[0]]["held_out"], data[cols[-1]]["held_out"]
     for k in HELD_OUT_KEYS:
         if k == "mean_tokens_per_forward":
             fmt, ok = (lambda x: f"{x:.2f}"), a["diffusion"][k] >= 10
@@ -103,9 +104,34 @@ def held_out_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def unseen_names_table(data: dict) -> str:
+    """Exact answers on short answers about people with invented names (phone, email, date), per
+    checkpoint and mode, per family, with whether the last checkpoint stays within
+    :data:`ALLOWED_DROP` of the first.
+
+    >>> one = {"unseen_names": {"n": 2, "families": ["phone"], "ar": {"exact": 0.5, "per_family": {"phone": 0.5}}}}
+    >>> unseen_names_table({"columns": ["a", "b"], "a": one, "b": one}).splitlines()[2]
+    '| ar | all | 50.0% | 50.0% | yes |'
+    """
+    cols, names = _columns(data, {})
+    first, last = data[cols[0]]["unseen_names"], data[cols[-1]]["unseen_names"]
+    lines = ["| mode | family | " + " | ".join(names[c] for c in cols) + " | within 3 pp |",
+             "|---|---|" + "--:|" * len(cols) + "---|"]
+    for mode in ("diffusion", "ar"):
+        if mode not in last:
+            continue
+        for fam in ["all"] + last["families"]:
+            get = (lambda r: r[mode]["exact"]) if fam == "all" else (lambda r: r[mode]["per_family"][fam])
+            ok = get(last) >= get(first) - ALLOWED_DROP - 1e-9
+            lines.append(f"| {mode} | {fam} | " + " | ".join(_pct(get(data[c]["unseen_names"])) for c in cols)
+                         + f" | {'yes' if ok else '**no**'} |")
+    return "\n".join(lines)
+
+
 def write(results_dir: str | Path) -> list[Path]:
     """Writes ``training_ablation.md`` (and ``training_ablation_long.md``, the same table for the long
-    runs) and ``training_finetune.md`` for the JSON files present."""
+    runs) and ``training_finetune.md`` (splits, held-out set, unseen names when every checkpoint has
+    them) for the JSON files present."""
     d, out = Path(results_dir), []
     for name in ("training_ablation", "training_ablation_long"):
         if (d / f"{name}.json").exists():
@@ -115,7 +141,10 @@ def write(results_dir: str | Path) -> list[Path]:
     if (d / "training_finetune.json").exists():
         data = json.loads((d / "training_finetune.json").read_text())
         p = d / "training_finetune.md"
-        p.write_text(splits_table(data) + "\n\n" + held_out_table(data) + "\n")
+        tables = [splits_table(data), held_out_table(data)]
+        if all("unseen_names" in data[c] for c in _columns(data, {})[0]):
+            tables.append(unseen_names_table(data))
+        p.write_text("\n\n".join(tables) + "\n")
         out.append(p)
     return out
 

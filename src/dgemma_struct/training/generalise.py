@@ -9,6 +9,11 @@ Splits (the rule is :func:`~dgemma_struct.training.schemas.bucket`, stable acros
 * ``"held_out_families"``: held-out families (their fields mostly held-out names), training templates;
 * ``"held_out_phrasings"``: training families, held-out templates.
 
+In ``"train"``, a share :data:`FRESH_NAMES` of examples has its people's names (the ``words.FIRST`` /
+``words.LAST`` lists) replaced by invented ones, in prompt and answer alike, so that copying a name is
+learnt as copying, not as recalling one of 70 names (a prompt about "Ada" made a fine-tune forget the
+answer's first token; issue #33).
+
 Every extraction answer copies its strings and numbers verbatim from the prompt and validates
 against its schema.
 
@@ -20,12 +25,15 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 from dgemma_struct.training import render, schemas, words
-from dgemma_struct.training.corpus import make_example
+from dgemma_struct.training.corpus import make_example, short_answer
 from dgemma_struct.training.dialect_corpus import tool_example, with_thinking
 
+FRESH_NAMES = 0.25
+_NAME_RE = re.compile(r"\b(" + "|".join(sorted(words.FIRST + words.LAST, key=len, reverse=True)) + r")\b")
 SPLITS = ("train", "in_distribution", "held_out_families", "held_out_phrasings")
 EVAL_SPLITS = SPLITS[1:]
 EVAL_SEED = 777  # eval splits are drawn from this seed (+ the split's index); training uses its own
@@ -64,6 +72,37 @@ def classify_example(r: random.Random, template: str) -> dict[str, Any]:
             "template": template}
 
 
+def fresh_names(r: random.Random, ex: dict[str, Any]) -> dict[str, Any]:
+    """``ex`` with each list name in its prompt swapped for an invented one, the same swap in its
+    answer and fields (answers copy from prompts, so they stay verbatim copies).
+
+    >>> ex = {"prompt": "Call Alice Smith.", "answer": '{"name":"Alice Smith"}', "fields": {"name": "Alice Smith"}}
+    >>> out = fresh_names(random.Random(0), ex)
+    >>> out["fields"]["name"] in out["prompt"] and "Alice" not in out["answer"]
+    True
+    """
+    swap: dict[str, str] = {}
+    for name in _NAME_RE.findall(ex["prompt"]):
+        while name not in swap:
+            new = words.invented_name(r)
+            if new not in swap.values() and not _NAME_RE.fullmatch(new):
+                swap[name] = new
+    if not swap:
+        return ex
+    sub = lambda text: _NAME_RE.sub(lambda m: swap.get(m.group(0), m.group(0)), text)  # noqa: E731
+    return {**ex, "prompt": sub(ex["prompt"]), "answer": sub(ex["answer"]), "fields": _map_strings(ex["fields"], sub)}
+
+
+def _map_strings(value: Any, f) -> Any:
+    if isinstance(value, str):
+        return f(value)
+    if isinstance(value, dict):
+        return {k: _map_strings(v, f) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, f) for v in value]
+    return value
+
+
 def make_generalise_example(r: random.Random, split: str = "train") -> dict[str, Any]:
     """One example of ``split`` (see the module docstring)."""
     if split not in SPLITS:
@@ -82,7 +121,10 @@ def make_generalise_example(r: random.Random, split: str = "train") -> dict[str,
         ex = tool_example(r)
     else:
         ex = make_example(r)  # the original corpus: families, short answers, tools, thinking
+        ex = fresh_names(r, ex) if r.random() < FRESH_NAMES else ex
         return {**ex, "split": split, "template": None}
+    if r.random() < FRESH_NAMES:
+        ex = fresh_names(r, ex)
     if r.random() < 0.08:
         ex = with_thinking(ex)
     return {**ex, "split": split}
@@ -97,3 +139,25 @@ def make_generalise_corpus(n: int, seed: int = 0, split: str = "train") -> list[
 def eval_examples(n_per_split: int, seed: int = EVAL_SEED) -> dict[str, list[dict[str, Any]]]:
     """``n_per_split`` extraction examples for each of :data:`EVAL_SPLITS`."""
     return {s: make_generalise_corpus(n_per_split, seed=seed, split=s) for s in EVAL_SPLITS}
+
+
+NAME_FAMILIES = ("phone", "email", "date")  # the short answers whose prompt names a person
+
+
+def unseen_name_examples(n: int, seed: int = EVAL_SEED + 7) -> list[dict[str, Any]]:
+    """``n`` short answers (a phone number, an email, a date) whose prompt names a person by an
+    invented name, the shape of the README's phone prompt ("You can call Ada on ...").
+
+    >>> ex = unseen_name_examples(3)
+    >>> [e["family"] in NAME_FAMILIES and not _NAME_RE.search(e["prompt"]) for e in ex]
+    [True, True, True]
+    """
+    r, out = random.Random(f"{seed}:unseen_names"), []
+    while len(out) < n:
+        fam, prompt, answer, spec = short_answer(r)
+        if fam not in NAME_FAMILIES:
+            continue
+        ex = fresh_names(r, {"prompt": prompt, "answer": answer, "fields": {"answer": answer}})
+        if ex["prompt"] != prompt:  # a person was named, and renamed
+            out.append({**ex, "kind": "short", "family": fam, "regex": spec["regex"]})
+    return out

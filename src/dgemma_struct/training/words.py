@@ -58,6 +58,22 @@ def random_name(r: random.Random) -> tuple[str, str]:
     return r.choice(FIRST), r.choice(LAST)
 
 
+_ONSETS = ["b", "ch", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "sh", "t", "v", "w", "y", "z",
+           "br", "dr", "kr", "st", "tr", "th", ""]
+_VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou", "ya"]
+_CODAS = ["", "", "", "n", "r", "l", "s", "m", "k"]
+
+
+def invented_name(r: random.Random) -> str:
+    """A pronounceable name of 1-3 syllables that is in no word list (e.g. ``"Ada"``, ``"Korven"``).
+
+    >>> invented_name(random.Random(1)).istitle()
+    True
+    """
+    syl = [r.choice(_ONSETS) + r.choice(_VOWELS) + r.choice(_CODAS) for _ in range(r.choice((1, 2, 2, 3)))]
+    return "".join(syl).capitalize()
+
+
 def random_email(r: random.Random, first: str, last: str) -> str:
     style = r.randrange(3)
     local = [f"{first}.{last}", f"{first[0]}{last}", f"{first}{r.randrange(10, 99)}"][style].lower()
