@@ -59,3 +59,27 @@ def test_unseen_names_are_scored_per_mode_and_family_against_the_reference():
     assert rep["ar"]["exact"] == pytest.approx(sum(rep["ar"]["per_family"][f] * fams.count(f) for f in set(fams)) / 4,
                                                abs=1e-3)
     assert set(evaluate(rt, n=1, batch_size=1, max_new_tokens=8, splits_n=1)["unseen_names"]) >= {"diffusion", "ar"}
+
+
+@pytest.mark.skipif(not embedded_model_available(), reason="embedded checkpoint missing")
+def test_splits_decode_with_the_given_settings_and_restore_the_runtimes(monkeypatch):
+    import dataclasses
+
+    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.scheduling import scheduler
+
+    rt = DiffusionRuntime.default(device="cpu")
+    own = rt.settings
+    careful = dataclasses.replace(own, entropy_bound=0.0, confidence_threshold=0.0)
+    seen = []
+    real = scheduler.CanvasBatch
+
+    def spy(*a, **kw):   # the settings each canvas batch of the evaluation decodes with
+        seen.append(kw["settings"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(scheduler, "CanvasBatch", spy)
+    rep = evaluate_splits(rt, 1, modes=("diffusion",), max_new_tokens=48, settings=careful, temperature=0.0)
+    assert rt.settings is own and rep["settings"]["entropy_bound"] == 0.0 and rep["temperature"] == 0.0
+    assert seen and all(s is careful for s in seen)
+    assert evaluate_splits(rt, 1, modes=("ar",), max_new_tokens=8)["settings"] == dataclasses.asdict(own)

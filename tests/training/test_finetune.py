@@ -44,8 +44,34 @@ def test_bad_recipe_and_start_checkpoint_are_typed_errors(tmp_path):
         DiffusionRecipe(t_dist="cosine")
     with pytest.raises(InvalidRequestError, match="mix"):
         mixed_corpus({}, "default", 10, 0, 1.5)
+    with pytest.raises(InvalidRequestError, match="fresh_names"):
+        mixed_corpus({}, "default", 10, 0, 0.5, fresh_names=2.0)
     with pytest.raises(ModelLoadError, match="no checkpoint"):
         train_mod.train(tmp_path / "o", init_from=tmp_path, max_steps=1, corpus_size=20, device="cpu", threads=1)
+
+
+def test_fresh_names_rename_people_of_the_mixed_in_original_share_only():
+    from dgemma_struct.training import words
+    from dgemma_struct.training.corpus import make_corpus
+
+    listed = set(words.FIRST) | set(words.LAST)
+    makers = {"default": make_corpus, "other": lambda n, seed: [{"prompt": f"Ask Alice {i}", "answer": "Alice"}
+                                                                  for i in range(n)]}
+    plain = mixed_corpus(makers, "other", 400, 1, 0.5)
+    fresh = mixed_corpus(makers, "other", 400, 1, 0.5, fresh_names=1.0)
+    assert mixed_corpus(makers, "other", 400, 1, 0.5, fresh_names=0.0) == plain
+    # the main corpus' examples are left alone; every original one that named a listed person is renamed
+    assert sum(e["prompt"].startswith("Ask Alice") for e in fresh) == 200
+    orig = [e for e in fresh if not e["prompt"].startswith("Ask Alice")]
+    named = [e for e in plain if not e["prompt"].startswith("Ask Alice")
+             and any(w.strip(".,;:") in listed for w in e["prompt"].split())]
+    assert named
+    still = [e for e in orig if e["kind"] == "short" and e["family"] == "phone"
+             and any(w.strip(".,;:") in listed for w in e["prompt"].split())]
+    assert not still
+    half = mixed_corpus(makers, "other", 400, 1, 0.5, fresh_names=0.5)
+    renamed = sum(a != b for a, b in zip(half, plain))
+    assert 0.2 * len(named) < renamed < 0.8 * len(named)
 
 
 def test_fine_tune_from_the_shipped_checkpoint_keeps_snapshots_and_resumes(tmp_path):
@@ -167,8 +193,9 @@ def test_recipe_flags_reach_train_and_bad_values_are_one_line_errors():
 
     p = argparse.ArgumentParser()
     add_finetune_arguments(p)
-    kw = finetune_kwargs(p.parse_args(["--frontier", "0.5", "--frontier-weight", "2", "--prefix", "0.25"]))
-    assert (kw["frontier"], kw["frontier_weight"], kw["prefix"]) == (0.5, 2.0, 0.25)
+    kw = finetune_kwargs(p.parse_args(["--frontier", "0.5", "--frontier-weight", "2", "--prefix", "0.25",
+                                       "--fresh-names", "0.5"]))
+    assert (kw["frontier"], kw["frontier_weight"], kw["prefix"], kw["fresh_names"]) == (0.5, 2.0, 0.25, 0.5)
     import inspect
     assert set(kw) <= set(inspect.signature(train_mod.train).parameters)
     r = subprocess.run([sys.executable, "-m", "dgemma_struct.cli", "train", "--frontier-weight", "-1"],

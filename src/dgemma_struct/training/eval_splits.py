@@ -12,6 +12,7 @@ median and mean forwards, repairs per request and the AR-fallback rate.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Any, Sequence
@@ -35,7 +36,8 @@ def leaf_accuracy(got: Any, expected: dict, keys: Sequence[str]) -> tuple[float,
     return hits / max(1, len(want) + len(absent)), got == expected
 
 
-def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens: int, batch_size: int) -> list:
+def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens: int, batch_size: int,
+         temperature: float | None = None) -> list:
     from dgemma_struct.api import generate_batch
     from dgemma_struct.errors import GroundingError
     from dgemma_struct.grounding import generate_grounded_batch
@@ -49,19 +51,19 @@ def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens
         if arm == "grounded":
             # one seed for the chunk: generate_grounded_batch does not drop the seeds of rows it refuses
             res = generate_grounded_batch(prompts, specs, ground="all", runtime=runtime, max_new_tokens=max_new_tokens,
-                                          return_exceptions=True, mode=mode, seed=i)
+                                          return_exceptions=True, mode=mode, seed=i, temperature=temperature)
             # a schema with nothing to ground (only booleans / enums) is served constrained, as a user would
             redo = [j for j, x in enumerate(res) if isinstance(x, GroundingError) and "nothing to ground" in str(x)]
             if redo:
                 again = generate_batch([prompts[j] for j in redo], [specs[j] for j in redo], runtime=runtime,
                                        max_new_tokens=max_new_tokens, return_exceptions=True, mode=mode,
-                                       seed=[seeds[j] for j in redo])
+                                       seed=[seeds[j] for j in redo], temperature=temperature)
                 for j, x in zip(redo, again):
                     res[j] = x
             out += res
         else:
             out += generate_batch(prompts, specs, runtime=runtime, max_new_tokens=max_new_tokens,
-                                  return_exceptions=True, mode=mode, seed=seeds)
+                                  return_exceptions=True, mode=mode, seed=seeds, temperature=temperature)
     return out
 
 
@@ -98,21 +100,32 @@ def _summary(examples: list[dict], results: list, wall: float) -> dict[str, Any]
 
 def evaluate_splits(runtime: Any, n_per_split: int = 8, *, modes: Sequence[str] = ("diffusion", "ar"),
                     arms: Sequence[str] = ("constrained",), seed: int = EVAL_SEED, max_new_tokens: int = 128,
-                    batch_size: int = 16) -> dict[str, Any]:
-    """``{split: {mode: {arm: summary}}}`` over :data:`EVAL_SPLITS`, plus the settings used."""
+                    batch_size: int = 16, settings: Any = None, temperature: float | None = None) -> dict[str, Any]:
+    """``{split: {mode: {arm: summary}}}`` over :data:`EVAL_SPLITS`, plus the settings used.
+    ``settings``: the :class:`~dgemma_struct.engine.sampler.DiffusionSettings` to decode with (the
+    runtime's own are restored afterwards); ``temperature``: as in :func:`~dgemma_struct.api.generate`
+    (0 = greedy)."""
     unknown = set(arms) - set(ARMS)
     if unknown:
         raise ValueError(f"unknown arms {sorted(unknown)}; choose from {ARMS}")
+    if settings is not None:
+        own = runtime.settings
+        runtime.settings = settings
+        try:
+            return evaluate_splits(runtime, n_per_split, modes=modes, arms=arms, seed=seed, max_new_tokens=max_new_tokens,
+                                   batch_size=batch_size, temperature=temperature)
+        finally:
+            runtime.settings = own
     data = eval_examples(n_per_split, seed=seed)
     report: dict[str, Any] = {"n_per_split": n_per_split, "seed": seed, "max_new_tokens": max_new_tokens,
-                              "splits": {}}
+                              "settings": dataclasses.asdict(runtime.settings), "temperature": temperature, "splits": {}}
     for split in EVAL_SPLITS:
         per_mode: dict[str, Any] = {}
         for mode in modes:
             per_mode[mode] = {}
             for arm in arms:
                 t0 = time.perf_counter()
-                results = _run(runtime, data[split], mode, arm, max_new_tokens, batch_size)
+                results = _run(runtime, data[split], mode, arm, max_new_tokens, batch_size, temperature)
                 per_mode[mode][arm] = _summary(data[split], results, time.perf_counter() - t0)
         report["splits"][split] = per_mode
     return report

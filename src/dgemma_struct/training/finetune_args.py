@@ -15,7 +15,7 @@ from typing import Any, Callable
 from dgemma_struct.training.recipe import T_DISTS
 
 #: flag dest -> train() keyword (the same names)
-FINETUNE_KNOBS = ("init_from", "mix", "warmup", "lr_floor", "checkpoint_every", "keep_checkpoints",
+FINETUNE_KNOBS = ("init_from", "mix", "fresh_names", "warmup", "lr_floor", "checkpoint_every", "keep_checkpoints",
                   "diffusion_views", "diffusion_weight", "t_dist", "self_condition", "sc_like_inference", "prefix",
                   "frontier", "frontier_weight")
 
@@ -59,6 +59,8 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
                    help="start from this checkpoint directory's weights and tokenizer ('embedded': the shipped one)")
     g.add_argument("--mix", type=_fraction, default=0.0,
                    help="share of the corpus drawn from the original families, tools, short answers and thinking")
+    g.add_argument("--fresh-names", type=_fraction, default=0.0,
+                   help="share of the --mix examples whose people get invented names (default 0)")
     g.add_argument("--warmup", type=_count(0), default=150, help="warm-up steps of the learning rate (default 150)")
     g.add_argument("--lr-floor", type=_fraction, default=0.1,
                    help="the cosine decay ends at this fraction of --lr (default 0.1)")

@@ -183,9 +183,13 @@ def self_condition_logits(model, kwargs: dict, noisy: torch.Tensor, recipe: Diff
     return logits
 
 
-def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, mix: float) -> list[dict]:
+def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, mix: float,
+                 fresh_names: float = 0.0) -> list[dict]:
     """``size`` examples of corpus ``name``; with ``mix`` > 0 that share of them is the original
-    corpus (``makers["default"]``: families, tool calls, short answers, thinking), shuffled in.
+    corpus (``makers["default"]``: families, tool calls, short answers, thinking), shuffled in;
+    ``fresh_names`` of those original examples name their people with invented names
+    (:func:`~dgemma_struct.training.generalise.fresh_names`: its 70 listed names otherwise make a
+    copy after any other name fail).
 
     >>> from dgemma_struct.training.corpus import make_corpus
     >>> len(mixed_corpus({"default": make_corpus}, "default", 10, 0, 0.5))
@@ -195,10 +199,18 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
 
     if not 0 <= mix < 1:
         raise InvalidRequestError(f"mix must be in [0, 1), got {mix!r}")
+    if not 0 <= fresh_names <= 1:
+        raise InvalidRequestError(f"fresh_names must be in [0, 1], got {fresh_names!r}")
     n_orig = round(size * mix)
     out = makers[name](size - n_orig, seed=seed)
     if n_orig:
-        out = out + makers["default"](n_orig, seed=seed + 1)
+        orig = makers["default"](n_orig, seed=seed + 1)
+        if fresh_names:
+            from dgemma_struct.training.generalise import fresh_names as rename
+
+            r = random.Random(f"{seed}:fresh_names")
+            orig = [rename(r, e) if r.random() < fresh_names else e for e in orig]
+        out = out + orig
         random.Random(seed).shuffle(out)
     return out
 
