@@ -182,6 +182,14 @@ def test_result_tables_show_each_split_and_mode(tmp_path):
     (tmp_path / "training_finetune.json").write_text(json.dumps(data))
     finetune_report.write(tmp_path)
     assert "| ar | all | 75.0% | 25.0% | 75.0% | yes |" in md.read_text()
+    data["new"]["frontier_first"] = {"splits": {s: {"diffusion": {"constrained": {**arm, "field_accuracy": 0.5,
+                                                                                "median_forwards": 30}}}
+                                                for s in finetune_report.SPLITS}}
+    (tmp_path / "training_finetune.json").write_text(json.dumps(data))
+    finetune_report.write(tmp_path)
+    text = md.read_text()
+    assert "| new | 25.0% → 50.0% | 7 → 30 | 25.0% → 50.0% |" in text
+    assert "| orig |" not in text.split("frontier-first")[-1]
 
 
 def test_recipe_flags_reach_train_and_bad_values_are_one_line_errors():

@@ -128,10 +128,36 @@ def unseen_names_table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def frontier_first_table(data: dict) -> str:
+    """Diffusion constrained field accuracy per split with the shipped settings and with
+    frontier-first settings (``frontier_first``: entropy bound 0, so only the frontier commits each
+    step; no early stop; greedy), for each checkpoint measured both ways, with median forwards.
+
+    >>> arm = lambda a, f: {"diffusion": {"constrained": {"field_accuracy": a, "median_forwards": f}}}  # noqa: E731
+    >>> one = {"splits": {s: arm(0.2, 20) for s in SPLITS}, "frontier_first": {"splits": {s: arm(0.4, 40) for s in SPLITS}}}
+    >>> frontier_first_table({"columns": ["x"], "x": one}).splitlines()[2]
+    '| x | 20.0% → 40.0% | 20 → 40 | 20.0% → 40.0% | 20 → 40 | 20.0% → 40.0% | 20 → 40 |'
+    """
+    cols, names = _columns(data, {})
+    head = [h for s in SPLITS for h in (f"{s}: shipped settings → frontier-first", "median fwd")]
+    lines = ["| checkpoint | " + " | ".join(head) + " |", "|---|" + "--:|" * len(head)]
+    for c in cols:
+        if "frontier_first" not in data[c]:
+            continue
+        cells = []
+        for s in SPLITS:
+            a = data[c]["splits"][s]["diffusion"]["constrained"]
+            b = data[c]["frontier_first"]["splits"][s]["diffusion"]["constrained"]
+            cells += [f"{_pct(a['field_accuracy'])} → {_pct(b['field_accuracy'])}",
+                      f"{a['median_forwards']} → {b['median_forwards']}"]
+        lines.append(f"| {names[c]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write(results_dir: str | Path) -> list[Path]:
     """Writes ``training_ablation.md`` (and ``training_ablation_long.md``, the same table for the long
-    runs) and ``training_finetune.md`` (splits, held-out set, unseen names when every checkpoint has
-    them) for the JSON files present."""
+    runs) and ``training_finetune.md`` (splits, held-out set, then unseen names when every checkpoint
+    has them and frontier-first settings when any has them) for the JSON files present."""
     d, out = Path(results_dir), []
     for name in ("training_ablation", "training_ablation_long"):
         if (d / f"{name}.json").exists():
@@ -144,6 +170,8 @@ def write(results_dir: str | Path) -> list[Path]:
         tables = [splits_table(data), held_out_table(data)]
         if all("unseen_names" in data[c] for c in _columns(data, {})[0]):
             tables.append(unseen_names_table(data))
+        if any("frontier_first" in data[c] for c in _columns(data, {})[0]):
+            tables.append(frontier_first_table(data))
         p.write_text("\n\n".join(tables) + "\n")
         out.append(p)
     return out
