@@ -137,18 +137,13 @@ def evaluate_unseen_names(runtime: Any, n: int = 30, *, modes: Sequence[str] = (
     answered with the regex API: does the model copy a phone number, email or date when the person
     in the prompt has a name it never saw? (The name lists are small; a fine-tune that copied only
     after listed names lost the README's "call Ada" answer.)"""
-    from dgemma_struct.api import generate_batch
     from dgemma_struct.constraints.specs import Regex
 
     examples = unseen_name_examples(n)
+    asked = [{"prompt": e["prompt"], "schema": Regex(e["regex"])} for e in examples]
     report: dict[str, Any] = {"n": n, "families": sorted({e["family"] for e in examples})}
     for mode in modes:
-        got = []
-        for i in range(0, n, batch_size):
-            chunk = examples[i:i + batch_size]
-            got += generate_batch([e["prompt"] for e in chunk], [Regex(e["regex"]) for e in chunk], runtime=runtime,
-                                  return_exceptions=True, mode=mode, seed=list(range(i, i + len(chunk))),
-                                  max_new_tokens=32)
+        got = _run(runtime, asked, mode, "constrained", 32, batch_size)
         hits = [getattr(g, "value", None) == e["answer"] for e, g in zip(examples, got)]
         report[mode] = {"exact": round(sum(hits) / max(1, n), 4),
                         "per_family": {f: round(statistics.mean(h for h, e in zip(hits, examples) if e["family"] == f), 4)

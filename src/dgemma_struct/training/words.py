@@ -65,7 +65,8 @@ _CODAS = ["", "", "", "n", "r", "l", "s", "m", "k"]
 
 
 def invented_name(r: random.Random) -> str:
-    """A pronounceable name of 1-3 syllables that is in no word list (e.g. ``"Ada"``, ``"Korven"``).
+    """A pronounceable name of 1-3 random syllables (e.g. ``"Ada"``, ``"Korven"``); it may happen to be
+    a listed one, which :func:`~dgemma_struct.training.generalise.fresh_names` checks.
 
     >>> invented_name(random.Random(1)).istitle()
     True
