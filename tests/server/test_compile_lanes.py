@@ -103,3 +103,21 @@ def test_server_compiles_with_the_python_apis_defaults(state):
     assert not bounded.grammar_accepts(long_text) and not bounded.grammar_accepts(huge)
     wide = asyncio.run(state.compile(spec, "response_format", None))   # no budget: only the number bound
     assert wide.grammar_accepts(long_text) and not wide.grammar_accepts(huge)
+
+
+def test_a_cancelled_compile_ends_cancelled_not_as_a_400(state, monkeypatch):
+    """A compile cancelled while it runs (the server stopping, as asyncio.run cancels what is left) ends
+    cancelled: it was turned into a 400 'cannot compile the constraint: CancelledError' that asyncio then
+    reported as an unhandled error, with a traceback, on every Ctrl-C during the warm-up."""
+    monkeypatch.setattr(state, "_compile_blocking", lambda spec, max_tokens=None: time.sleep(0.5))
+    spec = {"type": "object", "properties": {"cancelled": {"type": "integer"}}, "required": ["cancelled"]}
+
+    async def cancel_midway():
+        task = asyncio.ensure_future(state._compile_once("k", spec, "response_format", None))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return task.cancelled()
+
+    assert asyncio.run(cancel_midway())

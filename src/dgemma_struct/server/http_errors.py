@@ -171,8 +171,8 @@ async def compiled(work: Awaitable[Any], limit: float, *, grace: float = 0.0, wh
         raise api_error_for(err, param=param_of(err) if param_of is not None else param) from None
     except RecursionError:
         raise APIError(400, f"{what} is nested too deeply", param=param, code="constraint_too_complex") from None
-    except (KeyboardInterrupt, SystemExit):
-        raise
+    except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
+        raise   # a cancelled compile (its caller left, the server stops) is not a bad spec
     except BaseException as err:  # noqa: BLE001 - a malformed spec the compiler did not anticipate
         raise APIError(400, f"cannot compile {what}: {type(err).__name__}: {err}", param=param, code=code) from None
 

@@ -70,6 +70,10 @@ class ServerState:
             pass
 
     def stop(self) -> None:
+        # compiles nobody will wait for (the warm-up's, a request cut by the shutdown): cancelled here,
+        # else the workers killed below fail them and asyncio.run reports each as an unhandled error
+        for task in list(self._inflight.values()):
+            task.cancel()
         self.batcher.stop()
         if self.pool is not None:
             self.pool.close()
