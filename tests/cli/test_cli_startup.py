@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -29,21 +28,14 @@ def test_every_public_name_resolves_and_is_listed():
         dgemma_struct.nope  # noqa: B018
 
 
-def _maps(pid: int, name: str) -> bool:
-    try:
-        return name in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGINT to a child is POSIX; /proc is Linux")
-def test_ctrl_c_while_torch_loads_is_one_line():
+def test_ctrl_c_while_torch_loads_is_one_line(mapped):
     code = "import sys; from dgemma_struct.cli import main; sys.exit(main(['generate', '--regex', '[0-9]+', 'hi']))"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # once torch's library is mapped the command runs (torch is imported inside it) and takes seconds
     # more; a fixed sleep sent the signal before main() on a loaded machine (Python's own traceback)
     deadline = time.monotonic() + 120
-    while not _maps(proc.pid, "libtorch") and proc.poll() is None and time.monotonic() < deadline:
+    while not mapped(proc.pid, "libtorch") and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

@@ -137,21 +137,18 @@ def test_a_busy_worker_exits_when_its_parent_is_killed():
     assert time.monotonic() - started < 55   # not the 60 s sleep: the worker did not finish its call
 
 
-def _mapped(pid: int, name: str) -> bool:
-    try:
-        return name in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
+def _start_serve(mark: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "dgemma_struct.cli", "serve", "--port", "0", "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mark))
 
 
-def test_ctrl_c_while_the_model_loads_leaves_nothing():
+def test_ctrl_c_while_the_model_loads_leaves_nothing(mapped):
     """SIGINT once the checkpoint is being read (its file mapped): one line (exit 130), or, when the load
     had already finished, uvicorn's clean shutdown before it; never a traceback, never a process left behind."""
     mark = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, "-m", "dgemma_struct.cli", "serve", "--port", "0", "--device", "cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mark))
+    proc = _start_serve(mark)
     deadline = time.monotonic() + 240
-    while not _mapped(proc.pid, "model.safetensors") and proc.poll() is None and time.monotonic() < deadline:
+    while not mapped(proc.pid, "model.safetensors") and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     err = _ended(proc)
@@ -191,8 +188,7 @@ def test_ctrl_c_right_after_start_up_leaves_no_traceback():
     worker: the shutdown kills the worker, and the compile nobody waits for any more is not reported
     as an unhandled error by asyncio (it was, with a traceback)."""
     mark = uuid.uuid4().hex
-    proc = subprocess.Popen([sys.executable, "-m", "dgemma_struct.cli", "serve", "--port", "0", "--device", "cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(mark))
+    proc = _start_serve(mark)
     seen = []
     for line in proc.stderr:   # blocks per line; the process ends (EOF) if it fails before start-up
         seen.append(line)

@@ -168,9 +168,10 @@ def write(results_dir: str | Path) -> list[Path]:
         data = json.loads((d / "training_finetune.json").read_text())
         p = d / "training_finetune.md"
         tables = [splits_table(data), held_out_table(data)]
-        if all("unseen_names" in data[c] for c in _columns(data, {})[0]):
+        cols = _columns(data, {})[0]
+        if all("unseen_names" in data[c] for c in cols):
             tables.append(unseen_names_table(data))
-        if any("frontier_first" in data[c] for c in _columns(data, {})[0]):
+        if any("frontier_first" in data[c] for c in cols):
             tables.append(frontier_first_table(data))
         p.write_text("\n\n".join(tables) + "\n")
         out.append(p)
