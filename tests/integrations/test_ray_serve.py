@@ -34,6 +34,11 @@ def test_ray_serve_two_replicas(rt, tmp_path, monkeypatch):
 
     for mod in (serve_api, serve_client):
         monkeypatch.setattr(mod, "HTTP_PROXY_TIMEOUT", 300, raising=False)
+    # ... and its controller (another process, reading the environment Ray starts it with) kills a proxy
+    # not ready within 5 s: on the same loaded box that failed serve.start with "killed by ray.kill"
+    patient = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120"}
+    for k, v in patient.items():
+        monkeypatch.setenv(k, v)
     rt.model.save_pretrained(tmp_path)
     rt.tokenizer.save_pretrained(tmp_path)
     with socket.socket() as s:
@@ -41,7 +46,8 @@ def test_ray_serve_two_replicas(rt, tmp_path, monkeypatch):
         port = s.getsockname()[1]
     sys.path.insert(0, str(EXAMPLES))
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+             runtime_env={"env_vars": {**patient, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                                       "TRANSFORMERS_OFFLINE": "1",
                                        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                                        "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES),
                                                                                    os.environ.get("PYTHONPATH")]))}})
