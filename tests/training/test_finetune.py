@@ -46,6 +46,8 @@ def test_bad_recipe_and_start_checkpoint_are_typed_errors(tmp_path):
         mixed_corpus({}, "default", 10, 0, 1.5)
     with pytest.raises(InvalidRequestError, match="fresh_names"):
         mixed_corpus({}, "default", 10, 0, 0.5, fresh_names=2.0)
+    with pytest.raises(InvalidRequestError, match="short_records"):
+        mixed_corpus({}, "default", 10, 0, 0.6, short_records=0.4)
     with pytest.raises(ModelLoadError, match="no checkpoint"):
         train_mod.train(tmp_path / "o", init_from=tmp_path, max_steps=1, corpus_size=20, device="cpu", threads=1)
 
@@ -72,6 +74,19 @@ def test_fresh_names_rename_people_of_the_mixed_in_original_share_only():
     half = mixed_corpus(makers, "other", 400, 1, 0.5, fresh_names=0.5)
     renamed = sum(a != b for a, b in zip(half, plain))
     assert 0.2 * len(named) < renamed < 0.8 * len(named)
+
+
+def test_short_records_take_their_share_from_the_main_corpus_and_keep_the_original_share():
+    from dgemma_struct.training.corpus import make_corpus
+
+    makers = {"default": make_corpus, "other": lambda n, seed: [{"prompt": f"main {i}", "kind": "main"}
+                                                                  for i in range(n)]}
+    out = mixed_corpus(makers, "other", 400, 1, 0.5, short_records=0.1)
+    fams = [e.get("family", "") for e in out]
+    assert len(out) == 400 and sum(e["kind"] == "main" for e in out) == 160
+    assert sum(f.startswith("short_") for f in fams) == 40
+    assert mixed_corpus(makers, "other", 400, 1, 0.5, short_records=0.1) == out
+    assert mixed_corpus(makers, "other", 400, 1, 0.0, short_records=0.0) == makers["other"](400, 1)
 
 
 def test_fine_tune_from_the_shipped_checkpoint_keeps_snapshots_and_resumes(tmp_path):
@@ -202,8 +217,9 @@ def test_recipe_flags_reach_train_and_bad_values_are_one_line_errors():
     p = argparse.ArgumentParser()
     add_finetune_arguments(p)
     kw = finetune_kwargs(p.parse_args(["--frontier", "0.5", "--frontier-weight", "2", "--prefix", "0.25",
-                                       "--fresh-names", "0.5"]))
-    assert (kw["frontier"], kw["frontier_weight"], kw["prefix"], kw["fresh_names"]) == (0.5, 2.0, 0.25, 0.5)
+                                       "--fresh-names", "0.5", "--short-records", "0.1"]))
+    assert (kw["frontier"], kw["frontier_weight"], kw["prefix"], kw["fresh_names"], kw["short_records"]) == \
+        (0.5, 2.0, 0.25, 0.5, 0.1)
     import inspect
     assert set(kw) <= set(inspect.signature(train_mod.train).parameters)
     r = subprocess.run([sys.executable, "-m", "dgemma_struct.cli", "train", "--frontier-weight", "-1"],

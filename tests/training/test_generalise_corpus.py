@@ -147,3 +147,23 @@ def test_unseen_name_examples_name_nobody_from_the_lists():
         assert re.fullmatch(e["regex"], e["answer"])
         if e["family"] != "date":  # a date is asked for in another format
             assert e["answer"] in e["prompt"]
+
+
+def test_short_records_copy_their_values_validate_and_mostly_end_in_their_number():
+    from dgemma_struct.training.generalise import short_record_corpus
+
+    recs = short_record_corpus(400, seed=2)
+    assert recs == short_record_corpus(400, seed=2) and recs != short_record_corpus(400, seed=3)
+    for e in recs:
+        value = json.loads(e["answer"])
+        jsonschema.validate(value, e["schema"])
+        assert value == e["fields"] and list(value) == e["schema"]["required"]
+        assert all(str(v) in e["prompt"] for v in value.values()), e["prompt"]
+        assert e["template"] in render.templates("train")  # never a held-out phrasing
+    # the shape the original corpus lacked: the record's last field is a number, written after its other values
+    def number_last(e):
+        vals = [str(v) for v in e["fields"].values()]
+        at = [e["prompt"].index(v) for v in vals]
+        return isinstance(list(e["fields"].values())[-1], (int, float)) and at[-1] == max(at)
+    assert sum(map(number_last, recs)) > len(recs) / 2
+    assert any(e["fields"].get("age") is not None and len(e["fields"]) == 2 for e in recs)

@@ -130,6 +130,61 @@ def make_generalise_example(r: random.Random, split: str = "train") -> dict[str,
     return {**ex, "split": split}
 
 
+_SHORT_RECORDS = (  # (noun, fields as (key, kind), sentences); the sentences put the number last, mostly
+    ("person", (("name", "name"), ("age", "age")),
+     ("{name} is {age} years old.", "{name}, age {age}.", "{name} is {age}.", "{name} turned {age} last month.",
+      "Name: {name}\nAge: {age}", "{name} ({age})", "At {age}, {name} is the youngest on the team.")),
+    ("person", (("name", "name"), ("city", "city"), ("age", "age")),
+     ("{name} lives in {city} and is {age} years old.", "{name} ({age}) moved to {city}.",
+      "{name}, from {city}, is {age}.")),
+    ("product", (("product", "product"), ("price", "price")),
+     ("The {product} costs {price}.", "{product}: {price}", "One {product} sells for {price} dollars.",
+      "We paid {price} for the {product}.")),
+    ("event", (("event", "event"), ("guests", "count")),
+     ("The {event} has {guests} guests.", "{guests} people came to the {event}.", "The {event} sold {guests} seats.")),
+    ("person", (("name", "name"), ("year", "year")),
+     ("{name} was born in {year}.", "{name} joined in {year}.", "In {year}, {name} started here.")),
+    ("player", (("name", "name"), ("points", "count")),
+     ("{name} scored {points} points.", "{name} finished with {points}.", "Points for {name}: {points}")),
+)
+_SHORT_TYPES = {"name": {"type": "string"}, "city": {"type": "string"}, "product": {"type": "string"},
+                "event": {"type": "string"}, "age": {"type": "integer"}, "count": {"type": "integer"},
+                "year": {"type": "integer"}, "price": {"type": "number"}}
+
+
+def short_record_example(r: random.Random) -> dict[str, Any]:
+    """A two- or three-field record in one plain sentence, mostly ending in its number ("Ada Lind is
+    34 years old."): the answer must close right after the number. The original corpus always had
+    a field after a person's age, so with no field left the decoder wrote more digits
+    (``"age": 422`` for 42; issue #33).
+
+    >>> ex = short_record_example(random.Random(3))
+    >>> ex["kind"], all(str(v) in ex["prompt"] for v in ex["fields"].values())
+    ('json', True)
+    """
+    noun, fields, sentences = r.choice(_SHORT_RECORDS)
+    f, l = words.random_name(r)
+    draw = {"name": f"{f} {l}", "city": r.choice(words.CITIES), "product": r.choice(words.PRODUCTS),
+            "event": r.choice(words.EVENTS), "age": r.randrange(1, 100), "count": r.randrange(1, 1000),
+            "year": r.randrange(1900, 2026),
+            "price": r.choice((r.randrange(1, 500), round(r.uniform(1, 900), 2)))}
+    value = {key: draw[kind] for key, kind in fields}
+    schema = {"type": "object", "properties": {key: dict(_SHORT_TYPES[kind]) for key, kind in fields},
+              "required": list(value), "additionalProperties": False}
+    src = r.choice(sentences).format(**value)
+    template = r.choice(render.SHIPPED_TEMPLATES if r.random() < 0.5 else render.templates("train"))
+    prompt = render.fill(template, noun, keys=render.keys_phrase(r, list(value)), src=src)
+    ex = {"kind": "json", "family": f"short_{noun}", "prompt": prompt, "answer": _dump(value), "schema": schema,
+          "fields": value, "tools": None, "thinking": False, "template": template, "split": "train"}
+    return fresh_names(r, ex) if r.random() < 0.5 else ex
+
+
+def short_record_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` :func:`short_record_example` records, deterministic in ``seed``."""
+    r = random.Random(f"{seed}:short_records")
+    return [short_record_example(r) for _ in range(n)]
+
+
 def make_generalise_corpus(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
     """``n`` examples of ``split``, deterministic in ``seed``."""
     r = random.Random(f"{seed}:{split}")
