@@ -90,12 +90,12 @@ def test_short_records_take_their_share_from_the_main_corpus_and_keep_the_origin
 
 
 def test_fine_tune_from_the_shipped_checkpoint_keeps_snapshots_and_resumes(tmp_path):
-    kw = dict(init_from="embedded", corpus="generalise", corpus_size=60, mix=0.5, batch_size=2, threads=1,
-              device="cpu", log_every=1, checkpoint_every=1, keep_checkpoints=True, warmup=1,
+    kw = dict(init_from="embedded", corpus="generalise", corpus_size=60, mix=0.5, short_records=0.2, batch_size=2,
+              threads=1, device="cpu", log_every=1, checkpoint_every=1, keep_checkpoints=True, warmup=1,
               diffusion_views=2, t_dist="high", sc_like_inference=True, self_condition=1.0, diffusion_weight=2.0)
     meta = train_mod.train(tmp_path, max_steps=1, **kw)
     assert meta["steps"] == 1 and meta["init_from"].endswith("embedded") and meta["vocab_size"] == 2048
-    assert meta["diffusion"]["views"] == 2 and meta["mix"] == 0.5
+    assert meta["diffusion"]["views"] == 2 and meta["mix"] == 0.5 and meta["short_records"] == 0.2
     assert (tmp_path / "step_00001" / "config.json").exists()
     shipped = json.loads((embedded_path() / "tokenizer.json").read_text())["model"]["vocab"]
     assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["vocab"] == shipped
