@@ -15,9 +15,9 @@ from typing import Any, Callable
 from dgemma_struct.training.recipe import T_DISTS
 
 #: flag dest -> train() keyword (the same names)
-FINETUNE_KNOBS = ("init_from", "mix", "fresh_names", "short_records", "warmup", "lr_floor", "checkpoint_every", "keep_checkpoints",
-                  "diffusion_views", "diffusion_weight", "t_dist", "self_condition", "sc_like_inference", "prefix",
-                  "frontier", "frontier_weight")
+FINETUNE_KNOBS = ("init_from", "mix", "fresh_names", "short_records", "warmup", "lr_floor", "checkpoint_every",
+                  "keep_checkpoints", "diffusion_views", "diffusion_weight", "t_dist", "self_condition",
+                  "sc_like_inference", "prefix", "frontier", "frontier_weight")
 
 
 def _number(ok: Callable[[float], bool], rule: str) -> Callable[[str], float]:
@@ -62,7 +62,8 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fresh-names", type=_fraction, default=0.0,
                    help="share of the --mix examples whose people get invented names (default 0)")
     g.add_argument("--short-records", type=_fraction, default=0.0,
-                   help="share of the corpus that is short records ending in a number, 'X is 34 years old.' (default 0)")
+                   help="share of the corpus that is short records ending in a number, 'X is 34 years old.' "
+                        "(default 0)")
     g.add_argument("--warmup", type=_count(0), default=150, help="warm-up steps of the learning rate (default 150)")
     g.add_argument("--lr-floor", type=_fraction, default=0.1,
                    help="the cosine decay ends at this fraction of --lr (default 0.1)")

@@ -186,8 +186,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
           threads: int = 2, log_every: int = 25, resume: bool = False, device: str | torch.device = "auto",
           dtype: str | torch.dtype | None = "auto", corpus: str = "default", init_from: str | Path | None = None,
           mix: float = 0.0, fresh_names: float = 0.0, short_records: float = 0.0, warmup: int = 150,
-          lr_floor: float = 0.1,
-          checkpoint_every: int = 250,
+          lr_floor: float = 0.1, checkpoint_every: int = 250,
           keep_checkpoints: bool = False, diffusion_views: int = 1, diffusion_weight: float = 1.0,
           t_dist: str = "uniform", self_condition: float = 0.5, sc_like_inference: bool = False,
           prefix: float = 0.0, frontier: float = 0.0, frontier_weight: float = 0.0) -> dict:
