@@ -48,7 +48,6 @@ def _one_line(err: BaseException) -> str:
 def _cmd_train(args: argparse.Namespace) -> int:
     from dgemma_struct.training.finetune_args import finetune_kwargs
     from dgemma_struct.training.train import train
-
     meta = train(args.out, minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size,
                  seed=args.seed, threads=args.threads, lr=args.lr, resume=args.resume, device=args.device,
                  dtype=args.dtype, corpus=args.corpus, corpus_size=args.corpus_size, **finetune_kwargs(args))
@@ -60,7 +59,6 @@ def _load(model: str | None, device: str, dtype: str):
     """The checkpoint in the local directory ``model`` (never the hub), or the embedded model."""
     from dgemma_struct.errors import ModelLoadError
     from dgemma_struct.runtime import DiffusionRuntime
-
     if not model:
         return DiffusionRuntime.default(device=device, dtype=dtype)
     if not os.path.isdir(model):
@@ -176,7 +174,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from dgemma_struct.errors import (DgemmaStructError, GenerationFailed, GenerationTimeout, InvalidRequestError,
                                       LengthError)
     from dgemma_struct.grounding import generate_grounded_batch, has_grounding
-
     spec = _spec(args)
     prompts, sources = _prompts(args)
     rt = _load(args.model, args.device, args.dtype)
@@ -212,7 +209,6 @@ def _check_bind(host: str, port: int) -> None:
     import socket
 
     from dgemma_struct.errors import InvalidRequestError
-
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as s:
@@ -382,18 +378,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the command; a foreseen failure prints one ``error: ...`` line and returns 2, a Ctrl-C 130."""
+    """Runs the command; a foreseen failure prints one ``error: ...`` line and returns 2, a Ctrl-C exits 130."""
     from dgemma_struct.errors import DgemmaStructError
-
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
     except (DgemmaStructError, OSError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt:  # exit without the finaliser: its C++ destructors aborted (-6) a serve stopped mid-load
+        print("error: interrupted", file=sys.stderr, flush=True)
+        try:
+            sys.stdout.flush()
+            __import__("atexit")._run_exitfuncs()   # stops the compile workers
+        finally:
+            os._exit(130)
 
 
 if __name__ == "__main__":
