@@ -6,6 +6,7 @@ generate exits 1 when no valid output could be produced."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import sys
@@ -390,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted", file=sys.stderr, flush=True)
         try:
             sys.stdout.flush()
-            __import__("atexit")._run_exitfuncs()   # stops the compile workers
+            atexit._run_exitfuncs()   # stops the compile workers
         finally:
             os._exit(130)
 
