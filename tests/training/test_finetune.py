@@ -217,11 +217,65 @@ def test_recipe_flags_reach_train_and_bad_values_are_one_line_errors():
     p = argparse.ArgumentParser()
     add_finetune_arguments(p)
     kw = finetune_kwargs(p.parse_args(["--frontier", "0.5", "--frontier-weight", "2", "--prefix", "0.25",
-                                       "--fresh-names", "0.5", "--short-records", "0.1"]))
-    assert (kw["frontier"], kw["frontier_weight"], kw["prefix"], kw["fresh_names"], kw["short_records"]) == \
-        (0.5, 2.0, 0.25, 0.5, 0.1)
+                                       "--fresh-names", "0.5", "--short-records", "0.1", "--grow-depth", "0.1"]))
+    assert (kw["frontier"], kw["frontier_weight"], kw["prefix"], kw["fresh_names"], kw["short_records"],
+            kw["grow_depth"]) == (0.5, 2.0, 0.25, 0.5, 0.1, 0.1)
+    assert finetune_kwargs(p.parse_args([]))["grow_depth"] is None
     import inspect
     assert set(kw) <= set(inspect.signature(train_mod.train).parameters)
     r = subprocess.run([sys.executable, "-m", "dgemma_struct.cli", "train", "--frontier-weight", "-1"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "must be >= 0" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "dgemma_struct.cli", "train", "--grow-depth", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "must be in [0, 1]" in r.stderr and "Traceback" not in r.stderr
+
+
+def _ar_logits(model, ids):
+    return model.model.encoder(input_ids=ids).last_hidden_state
+
+
+def test_grown_model_doubles_the_layers_and_at_scale_zero_computes_the_same_function():
+    from dgemma_struct.training.grow import grow_depth
+
+    tok, small = load_init(embedded_path())
+    ids = torch.tensor([tok("Extract the name and age as JSON.\nAda Lind is 34 years old.")["input_ids"]])
+    big = grow_depth(small, 0.0)
+    text = big.config.text_config
+    assert text.num_hidden_layers == 8 and text.layer_types == [t for t in small.config.text_config.layer_types
+                                                                  for _ in (0, 1)]
+    with torch.no_grad():
+        want = _ar_logits(small, ids)
+        assert torch.allclose(_ar_logits(big, ids), want, atol=1e-5)
+        near = _ar_logits(grow_depth(small, 0.1), ids)
+    assert not torch.allclose(near, want, atol=1e-3)  # the copies take part from the start
+    # the copy of layer i is layer i's weights, its two residual branches scaled
+    sd, gd = small.state_dict(), grow_depth(small, 0.25).state_dict()
+    key = "model.decoder.layers.{}.{}"
+    assert torch.equal(gd[key.format(3, "self_attn.q_proj.weight")], sd[key.format(1, "self_attn.q_proj.weight")])
+    assert torch.allclose(gd[key.format(3, "post_attention_layernorm.weight")],
+                          0.25 * sd[key.format(1, "post_attention_layernorm.weight")])
+    assert torch.equal(gd[key.format(2, "post_attention_layernorm.weight")],
+                       sd[key.format(1, "post_attention_layernorm.weight")])
+
+
+def test_grow_depth_bad_scale_or_no_start_checkpoint_are_typed_errors(tmp_path):
+    from dgemma_struct.training.grow import grow_depth
+
+    _, small = load_init(embedded_path())
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(InvalidRequestError, match="branch_scale"):
+            grow_depth(small, bad)
+    with pytest.raises(InvalidRequestError, match="needs init_from"):
+        train_mod.train(tmp_path / "o", grow_depth=0.1, max_steps=1, corpus_size=20, device="cpu", threads=1)
+    assert not (tmp_path / "o").exists()
+
+
+def test_fine_tune_with_grow_depth_saves_a_deeper_checkpoint_that_loads(tmp_path):
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    meta = train_mod.train(tmp_path, init_from="embedded", grow_depth=0.1, corpus="generalise", corpus_size=40,
+                           mix=0.5, batch_size=2, threads=1, device="cpu", max_steps=1, warmup=1)
+    assert meta["layers"] == 8 and meta["grow_depth"] == 0.1 and meta["steps"] == 1
+    grown = DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path)
+    assert grown.config.text_config.num_hidden_layers == 8

@@ -17,7 +17,7 @@ from dgemma_struct.training.recipe import T_DISTS
 #: flag dest -> train() keyword (the same names)
 FINETUNE_KNOBS = ("init_from", "mix", "fresh_names", "short_records", "warmup", "lr_floor", "checkpoint_every",
                   "keep_checkpoints", "diffusion_views", "diffusion_weight", "t_dist", "self_condition",
-                  "sc_like_inference", "prefix", "frontier", "frontier_weight")
+                  "sc_like_inference", "prefix", "frontier", "frontier_weight", "grow_depth")
 
 
 def _number(ok: Callable[[float], bool], rule: str) -> Callable[[str], float]:
@@ -84,6 +84,9 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
                    help="share of blocks with a clean prefix of random length and every later position random")
     g.add_argument("--frontier-weight", type=_nonnegative, default=0.0,
                    help="weight of an extra loss at each block's first random position (default 0)")
+    g.add_argument("--grow-depth", type=_fraction, default=None, metavar="SCALE",
+                   help="double the --init-from model's layers before training, each copy's residual branches "
+                        "scaled by SCALE (0: the same function; 0.1 used for stage 7)")
 
 
 def finetune_kwargs(args: argparse.Namespace) -> dict[str, Any]:

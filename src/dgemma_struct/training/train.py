@@ -189,7 +189,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
           lr_floor: float = 0.1, checkpoint_every: int = 250,
           keep_checkpoints: bool = False, diffusion_views: int = 1, diffusion_weight: float = 1.0,
           t_dist: str = "uniform", self_condition: float = 0.5, sc_like_inference: bool = False,
-          prefix: float = 0.0, frontier: float = 0.0, frontier_weight: float = 0.0) -> dict:
+          prefix: float = 0.0, frontier: float = 0.0, frontier_weight: float = 0.0,
+          grow_depth: float | None = None) -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
 
@@ -217,7 +218,9 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     decays by a cosine to ``lr_floor * lr``; a checkpoint every ``checkpoint_every`` steps (with
     ``keep_checkpoints`` also the model alone in ``step_NNNNN/``). The diffusion objective:
     ``diffusion_views``, ``diffusion_weight``, ``t_dist``, ``self_condition``, ``sc_like_inference``,
-    ``prefix``, ``frontier``, ``frontier_weight`` (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`)."""
+    ``prefix``, ``frontier``, ``frontier_weight`` (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`).
+    ``grow_depth``: a ``branch_scale`` doubles the ``init_from`` model's layers before training
+    (:func:`~dgemma_struct.training.grow.grow_depth`)."""
     from transformers import AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     from dgemma_struct.errors import InvalidRequestError, ModelLoadError
@@ -228,6 +231,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
                              frontier=frontier, frontier_weight=frontier_weight)
     if corpus not in CORPORA:
         raise InvalidRequestError(f"corpus must be one of {sorted(CORPORA)}, got {corpus!r}")
+    if grow_depth is not None and init_from is None and not resume:
+        raise InvalidRequestError("grow_depth needs init_from: it doubles the layers of a trained checkpoint")
     dev = resolve_device(device)
     amp = resolve_dtype(dtype, dev)
     if amp == torch.float16:
@@ -246,6 +251,10 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     if init_from is not None and not resume:
         init_from = embedded_path() if str(init_from) == "embedded" else Path(init_from)
         tokenizer, model = load_init(init_from)
+        if grow_depth is not None:
+            from dgemma_struct.training.grow import grow_depth as grow
+
+            model = grow(model, grow_depth)
     corpus_name, corpus = corpus, mixed_corpus(CORPORA, corpus, corpus_size, seed, mix, fresh_names,
                                                       short_records)
     log: list[dict] = []
@@ -333,7 +342,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
             "autocast": None if amp == torch.float32 else str(amp).removeprefix("torch."),
             "schedule": "steps" if max_steps is not None else "wall-time", "init_from": str(init_from or "") or None,
             "mix": mix, "fresh_names": fresh_names, "short_records": short_records,
-            "warmup": warmup, "lr_floor": lr_floor, "diffusion": recipe.as_dict()}
+            "warmup": warmup, "lr_floor": lr_floor, "layers": config.get_text_config().num_hidden_layers,
+            "grow_depth": grow_depth, "diffusion": recipe.as_dict()}
     (out_dir / "training_meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
