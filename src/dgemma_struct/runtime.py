@@ -31,7 +31,7 @@ from dgemma_struct.engine.token_logprobs import MAX_TOP_LOGPROBS, FreeTextLogpro
 from dgemma_struct.prompts import (MODES, Prompt, chat_messages, check_max_new_tokens,
                                    check_prompt_ids, check_sampling, check_seed)
 from dgemma_struct.results import CanvasEvent, GenerationResult, GenerationStats
-from dgemma_struct.engine.sampler import DiffusionSettings
+from dgemma_struct.engine.sampler import CHECKPOINT_SETTINGS_FILE, DiffusionSettings
 
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
 
@@ -125,7 +125,14 @@ class DiffusionRuntime:
             model = model.to(dev)
         except Exception as err:  # noqa: BLE001
             raise ModelLoadError(f"cannot load {path_or_id!r} on {dev} as {dt}: {_line(err)}") from err
-        return cls(model, tokenizer, name=path.name if local else str(path_or_id))
+        rt = cls(model, tokenizer, name=path.name if local else str(path_or_id))
+        own = path / CHECKPOINT_SETTINGS_FILE
+        if local and own.exists():
+            try:
+                rt.settings = rt.settings.with_checkpoint_file(json.loads(own.read_text(encoding="utf-8")))
+            except (ValueError, AttributeError, TypeError) as err:
+                raise ModelLoadError(f"{str(own)!r}: {_line(err)}") from err
+        return rt
 
     @classmethod
     def default(cls, device: str | torch.device = "auto", dtype: str | torch.dtype | None = "auto") -> "DiffusionRuntime":

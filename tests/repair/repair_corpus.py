@@ -175,6 +175,7 @@ class CaseRun:
     rejected: int            # distinct values validation rejected
     retried: int             # rejected values an attempt wrote again (the rule keeps it at 0)
     value: Any = None
+    unfinished: int = 0      # attempts that ended with no value to judge (token budget or dead end)
 
 
 def independently_valid(spec: Any, value: Any) -> bool:
@@ -189,6 +190,10 @@ def independently_valid(spec: Any, value: Any) -> bool:
         return False
 
 
+#: RepairSession.judge's reasons for an attempt that left no value to validate
+UNFINISHED = ("the output did not finish within the token budget", "the grammar walk made no progress (dead end)")
+
+
 def run_case(case: Case, *, mode: str = "diffusion", seed: int = 0, max_new_tokens: int = 64,
              max_repairs: int = 2, runtime: Any = None) -> CaseRun:
     """One case, one seed, through a real session with the embedded model (or ``runtime``)."""
@@ -201,9 +206,10 @@ def run_case(case: Case, *, mode: str = "diffusion", seed: int = 0, max_new_toke
     except (GenerationFailed, LengthError) as e:
         error = type(e).__name__
     rej = session.rejected_values()
+    unfinished = sum(e in UNFINISHED for e in session.errors)
     return CaseRun(case.name, mode, seed, ok, ok and independently_valid(case.spec, value), error,
                    session.stats.repairs + 1 + int(session.stats.fallback), len(rej),
-                   sum(1 for r in rej if r["times"] > 1), value)
+                   sum(1 for r in rej if r["times"] > 1), value, unfinished)
 
 
 __all__ = ["CASES", "HARD_CASES", "Case", "CaseRun", "run_case", "independently_valid"]

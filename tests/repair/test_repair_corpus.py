@@ -42,8 +42,8 @@ def test_each_attempt_of_a_hard_case_tries_a_new_value(embedded_runtime, mode):
     assert r.rejected >= 1 and r.retried == 0
     if r.ok:
         assert r.valid
-    else:   # every attempt was rejected, each on a value of its own
-        assert r.rejected == r.attempts
+    else:   # every attempt was rejected, each on a value of its own, or ran out of tokens first
+        assert r.rejected + r.unfinished == r.attempts and r.rejected >= r.attempts - 1
 
 
 def test_without_the_rule_the_same_value_comes_back(embedded_runtime, monkeypatch):

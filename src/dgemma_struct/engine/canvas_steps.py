@@ -21,6 +21,21 @@ __all__ = ["Run", "Canvas", "encode_committed", "start_canvas", "denoise_step", 
            "next_canvas", "cache_rows", "cat_caches"]
 
 
+def _bounds(run: "Run", entropy: torch.Tensor) -> float | torch.Tensor:
+    """The entropy bound per row: ``settings.guided_entropy_bound`` on the rows the hook commits
+    left to right (its ``guided_rows()``, host flags), ``settings.entropy_bound`` elsewhere."""
+    s = run.settings
+    guided = getattr(run.hook, "guided_rows", None)
+    if s.guided_entropy_bound is None or guided is None or run.reproduce:
+        return s.entropy_bound
+    rows = guided()
+    if not any(rows):
+        return s.entropy_bound
+    if all(rows):
+        return s.guided_entropy_bound
+    return torch.tensor([[s.bound(g)] for g in rows], dtype=entropy.dtype, device=entropy.device)
+
+
 @dataclass
 class Run:
     """One call's fixed inputs and the batch state carried from canvas to canvas."""
@@ -294,7 +309,7 @@ def denoise_step(run: Run, c: Canvas, cur_step: int) -> None:
     entropy, dead = entropy_at(logits, starts, backend="torch" if run.reproduce else "auto")
     if not run.reproduce and view.frozen_upto is None:
         entropy = torch.where(view.frozen, torch.zeros_like(entropy), entropy)
-    accept = entropy_bound_accept(logits, run.settings.entropy_bound, entropy=entropy)
+    accept = entropy_bound_accept(logits, _bounds(run, entropy), entropy=entropy)
     host = _host_flags(run, c, accept, dead)
     if any(any(r) for r in host["dead"]):  # NaN-free: an emptied position becomes uniform
         reset_dead(logits, host["dead"])

@@ -17,6 +17,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -25,6 +26,9 @@ import torch
 
 from dgemma_struct.kernels import masked_stats, resolve_backend
 
+#: the SDK's own decoding settings beside a checkpoint's generation config (``guided_entropy_bound``)
+CHECKPOINT_SETTINGS_FILE = "dgemma_struct.json"
+
 # positions per entropy chunk, in logit elements: on CPU a chunk's two temporaries stay a few MB
 ENTROPY_CHUNK = 1 << 22
 ENTROPY_CHUNK_CUDA = 1 << 25
@@ -32,7 +36,17 @@ ENTROPY_CHUNK_CUDA = 1 << 25
 
 @dataclass(frozen=True)
 class DiffusionSettings:
-    """Denoising settings, read from the checkpoint's generation config by default."""
+    """Denoising settings, read from the checkpoint's generation config by default.
+
+    ``guided_entropy_bound``: the entropy bound of the rows a constraint guide commits left to right
+    (``None``: ``entropy_bound`` for every row). Under the guide a position past the frontier is
+    committed only when everything before it is, and the grammar's forced tokens cost no forward,
+    so a lower bound there buys accuracy for few forwards; a generation config sets it with the
+    top-level key ``guided_entropy_bound``.
+
+        >>> DiffusionSettings(entropy_bound=1.0, guided_entropy_bound=0.0).bound(guided=True)
+        0.0
+    """
 
     max_denoising_steps: int = 48
     entropy_bound: float = 0.1
@@ -40,6 +54,7 @@ class DiffusionSettings:
     t_max: float = 0.8
     stability_threshold: int = 1
     confidence_threshold: float = 0.005
+    guided_entropy_bound: float | None = None
 
     @classmethod
     def from_generation_config(cls, gc) -> "DiffusionSettings":
@@ -54,7 +69,27 @@ class DiffusionSettings:
                                  else defaults.stability_threshold),
             confidence_threshold=(gc.confidence_threshold if gc.confidence_threshold is not None
                                   else defaults.confidence_threshold),
+            guided_entropy_bound=getattr(gc, "guided_entropy_bound", None),
         )
+
+    def with_checkpoint_file(self, data: dict) -> "DiffusionSettings":
+        """These settings with a checkpoint's :data:`CHECKPOINT_SETTINGS_FILE` applied: the keys
+        the generation config cannot hold (transformers' DiffusionGemma config rejects unknown ones).
+
+            >>> DiffusionSettings().with_checkpoint_file({"guided_entropy_bound": 0}).guided_entropy_bound
+            0.0
+        """
+        unknown = set(data) - {"guided_entropy_bound"}
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)} (known: guided_entropy_bound)")
+        g = data.get("guided_entropy_bound", self.guided_entropy_bound)
+        if g is not None and not (isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g) and g >= 0):
+            raise ValueError(f"guided_entropy_bound must be a number >= 0 or null, got {g!r}")
+        return dataclasses.replace(self, guided_entropy_bound=None if g is None else float(g))
+
+    def bound(self, guided: bool) -> float:
+        """The entropy bound of a row the guide commits (``guided``) or of a free row."""
+        return self.guided_entropy_bound if guided and self.guided_entropy_bound is not None else self.entropy_bound
 
 
 def temperature(settings: DiffusionSettings, cur_step: int) -> float:
@@ -172,9 +207,10 @@ def dead_positions(logits: torch.Tensor) -> torch.Tensor:
     return torch.isneginf(logits.amax(dim=-1))
 
 
-def entropy_bound_accept(logits: torch.Tensor, entropy_bound: float,
+def entropy_bound_accept(logits: torch.Tensor, entropy_bound: float | torch.Tensor,
                          entropy: torch.Tensor | None = None) -> torch.Tensor:
-    """Accept the k lowest-entropy positions with ``sum(H) - max(H) <= entropy_bound``."""
+    """Accept the k lowest-entropy positions with ``sum(H) - max(H) <= entropy_bound`` (a float,
+    or a ``[B, 1]`` tensor: one bound per row)."""
     ent = token_entropy(logits) if entropy is None else entropy
     sorted_ent, order = torch.sort(ent, dim=-1, descending=False)
     selected = (torch.cumsum(sorted_ent, dim=-1) - sorted_ent) <= entropy_bound

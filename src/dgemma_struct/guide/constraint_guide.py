@@ -108,6 +108,10 @@ class ConstraintGuide(ExcludedAR, ARMasking):
                           dead_end=r.dead_end, forced=r.forced, closing=r.closing, cut=r.cut,
                           logprobs=GuideLogprobs.kept(r, stops) if r.lp_top is not None else None)
 
+    def guided_rows(self) -> list[bool]:
+        """Per batch row, whether this guide commits it (the loop's ``guided_entropy_bound`` applies)."""
+        return [r.walker is not None for r in self.rows]
+
     # ------------------------------------------------------------------ a running batch
     def keep_rows(self, positions: Sequence[int]) -> None:
         """The batch keeps only the rows at ``positions`` (in this order): the others left it."""
