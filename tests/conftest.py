@@ -18,9 +18,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import signal  # noqa: E402
+
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# A run started in the background of a non-interactive shell (`cmd &`, nohup) inherits SIGINT ignored, and
+# so would every process a test starts (an ignored signal stays ignored across exec): the Ctrl-C tests
+# would then measure the launcher, not the CLI. A handled signal is reset to the default on exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 import pytest  # noqa: E402
