@@ -41,8 +41,9 @@ class DiffusionSettings:
     ``guided_entropy_bound``: the entropy bound of the rows a constraint guide commits left to right
     (``None``: ``entropy_bound`` for every row). Under the guide a position past the frontier is
     committed only when everything before it is, and the grammar's forced tokens cost no forward,
-    so a lower bound there buys accuracy for few forwards; a generation config sets it with the
-    top-level key ``guided_entropy_bound``.
+    so a lower bound there buys accuracy for few forwards. A checkpoint sets it in its
+    :data:`CHECKPOINT_SETTINGS_FILE` (transformers' DiffusionGemma generation config rejects keys
+    it does not know).
 
         >>> DiffusionSettings(entropy_bound=1.0, guided_entropy_bound=0.0).bound(guided=True)
         0.0
@@ -69,7 +70,6 @@ class DiffusionSettings:
                                  else defaults.stability_threshold),
             confidence_threshold=(gc.confidence_threshold if gc.confidence_threshold is not None
                                   else defaults.confidence_threshold),
-            guided_entropy_bound=getattr(gc, "guided_entropy_bound", None),
         )
 
     def with_checkpoint_file(self, data: dict) -> "DiffusionSettings":
@@ -83,7 +83,8 @@ class DiffusionSettings:
         if unknown:
             raise ValueError(f"unknown keys {sorted(unknown)} (known: guided_entropy_bound)")
         g = data.get("guided_entropy_bound", self.guided_entropy_bound)
-        if g is not None and not (isinstance(g, (int, float)) and not isinstance(g, bool) and math.isfinite(g) and g >= 0):
+        number = isinstance(g, (int, float)) and not isinstance(g, bool)
+        if g is not None and not (number and math.isfinite(g) and g >= 0):
             raise ValueError(f"guided_entropy_bound must be a number >= 0 or null, got {g!r}")
         return dataclasses.replace(self, guided_entropy_bound=None if g is None else float(g))
 
