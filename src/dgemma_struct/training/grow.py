@@ -49,12 +49,12 @@ def grow_depth(model: Any, branch_scale: float = 0.1) -> Any:
             continue
         head, rest = key.split(".layers.", 1)
         index, tail = rest.split(".", 1)
-        state[f"{head}.layers.{2 * int(index)}.{tail}"] = value.clone()
-        state[f"{head}.layers.{2 * int(index) + 1}.{tail}"] = (
-            value * branch_scale if tail in BRANCH_NORMS else value.clone())
+        # load_state_dict copies into the grown model's own parameters: the two layers share nothing
+        state[f"{head}.layers.{2 * int(index)}.{tail}"] = value
+        state[f"{head}.layers.{2 * int(index) + 1}.{tail}"] = value * branch_scale if tail in BRANCH_NORMS else value
     missing, unexpected = grown.load_state_dict(state, strict=False)
     if unexpected or missing:
         raise InvalidRequestError(f"grow_depth: the checkpoint's weights do not map onto the grown model "
                                   f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     grown.generation_config = copy.deepcopy(model.generation_config)
-    return grown.eval() if not model.training else grown
+    return grown.train(model.training)
