@@ -10,8 +10,9 @@ kept beside the recipe so the command line and :func:`~dgemma_struct.training.tr
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any
 
+from dgemma_struct.cli.arguments import bounded
 from dgemma_struct.training.recipe import T_DISTS
 
 #: flag dest -> train() keyword (the same names)
@@ -20,36 +21,9 @@ FINETUNE_KNOBS = ("init_from", "mix", "fresh_names", "short_records", "warmup", 
                   "sc_like_inference", "prefix", "frontier", "frontier_weight", "grow_depth")
 
 
-def _number(ok: Callable[[float], bool], rule: str) -> Callable[[str], float]:
-    """An argparse type: a float for which ``ok`` holds, else the error ``must be {rule}``."""
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
-        if not ok(x):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
-        return x
-    parse.__name__ = "float"
-    return parse
-
-
-_fraction = _number(lambda x: 0.0 <= x <= 1.0, "in [0, 1]")
-_positive = _number(lambda x: x > 0, "> 0")
-_nonnegative = _number(lambda x: x >= 0, ">= 0")
-
-
-def _count(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            x = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
-        if x < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
-        return x
-    parse.__name__ = "int"
-    return parse
+_fraction = bounded(float, 0, 1)
+_positive = bounded(float, 0, strict=True)
+_nonnegative = bounded(float, 0)
 
 
 def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,13 +38,13 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--short-records", type=_fraction, default=0.0,
                    help="share of the corpus that is short records ending in a number, 'X is 34 years old.' "
                         "(default 0)")
-    g.add_argument("--warmup", type=_count(0), default=150, help="warm-up steps of the learning rate (default 150)")
+    g.add_argument("--warmup", type=bounded(int, 0), default=150, help="warm-up steps of the learning rate (default 150)")
     g.add_argument("--lr-floor", type=_fraction, default=0.1,
                    help="the cosine decay ends at this fraction of --lr (default 0.1)")
-    g.add_argument("--checkpoint-every", type=_count(1), default=250,
+    g.add_argument("--checkpoint-every", type=bounded(int, 1), default=250,
                    help="save model, optimizer and random state every N steps (default 250)")
     g.add_argument("--keep-checkpoints", action="store_true", help="also keep each saved model in step_NNNNN/")
-    g.add_argument("--diffusion-views", type=_count(1), default=1,
+    g.add_argument("--diffusion-views", type=bounded(int, 1), default=1,
                    help="denoised blocks per encoder pass (default 1)")
     g.add_argument("--diffusion-weight", type=_positive, default=1.0, help="weight of the diffusion loss (default 1)")
     g.add_argument("--t-dist", choices=T_DISTS, default="uniform", help="how noise rates are drawn (default uniform)")
