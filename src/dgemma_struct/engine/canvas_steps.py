@@ -14,26 +14,19 @@ import torch
 from dgemma_struct.engine.forward import Clock, encode
 from dgemma_struct.engine.hooks import StepHook, StepView
 from dgemma_struct.engine.token_logprobs import RAW
-from dgemma_struct.engine.sampler import (DiffusionSettings, StableAndConfident, entropy_at, entropy_bound_accept,
+from dgemma_struct.engine.sampler import (DiffusionSettings, RowSettings, StableAndConfident, entropy_at, entropy_bound_accept,
                                    random_canvas, reset_dead, sample_at, sample_tokens, temperature, top_p_filter)
 
 __all__ = ["Run", "Canvas", "encode_committed", "start_canvas", "denoise_step", "commit_canvas", "pad_after_eos",
            "next_canvas", "cache_rows", "cat_caches"]
 
 
-def _bounds(run: "Run", entropy: torch.Tensor) -> float | torch.Tensor:
-    """The entropy bound per row: ``settings.guided_entropy_bound`` on the rows the hook commits
-    left to right (its ``guided_rows()``, host flags), ``settings.entropy_bound`` elsewhere."""
-    s = run.settings
-    guided = getattr(run.hook, "guided_rows", None)
-    if s.guided_entropy_bound is None or guided is None or run.reproduce:
-        return s.entropy_bound
-    rows = guided()
-    if not any(rows):
-        return s.entropy_bound
-    if all(rows):
-        return s.guided_entropy_bound
-    return torch.tensor([[s.bound(g)] for g in rows], dtype=entropy.dtype, device=entropy.device)
+def _row_settings(run: "Run", entropy: torch.Tensor) -> RowSettings:
+    """This step's per-row settings: the ``guided_*`` ones on the rows the hook commits left to right
+    (its ``guided_rows()``, host flags; never on the reproduction path)."""
+    s, guided = run.settings, getattr(run.hook, "guided_rows", None)
+    rows = guided() if guided is not None and s.guides and not run.reproduce else None
+    return s.for_rows(rows, entropy, greedy=run.greedy, temperature_set=run.scale is not None)
 
 
 @dataclass
@@ -196,19 +189,25 @@ def _mask(run: Run, c: Canvas, logits: torch.Tensor, cur_step: int, active: torc
         return torch.where(view.touched, torch.argmax(logits, dim=-1), view.draft)
 
 
-def _draw(run: Run, c: Canvas, logits: torch.Tensor, argmax: torch.Tensor, positions: list[list[int]] | None
-          ) -> torch.Tensor:
+def _draw(run: Run, c: Canvas, logits: torch.Tensor, argmax: torch.Tensor, positions: list[list[int]] | None,
+          greedy: bool | list[bool]) -> torch.Tensor:
     """The denoiser's sample: per-row generators draw only at ``positions`` (where the step can
-    change the canvas); the global RNG draws every position, as transformers does."""
+    change the canvas); the global RNG draws every position, as transformers does. ``greedy``: for
+    every row or per row (the argmax where the sampler would draw)."""
     if run.generators is not None:
         return sample_at(logits, fill=argmax, positions=positions, generators=run.generators, top_p=run.top_p,
-                         greedy=run.greedy)
-    if run.greedy:
+                         greedy=greedy)
+    if greedy is True:
         return argmax
     if run.top_p < 1.0:
         B, L, V = logits.shape
-        return sample_tokens(top_p_filter(logits.view(-1, V), run.top_p).view(B, L, V))
-    return sample_tokens(logits)
+        drawn = sample_tokens(top_p_filter(logits.view(-1, V), run.top_p).view(B, L, V))
+    else:
+        drawn = sample_tokens(logits)
+    if greedy is False:
+        return drawn
+    rows = torch.tensor(greedy, device=argmax.device)
+    return torch.where(rows[:, None], argmax, drawn)
 
 
 def _forward(run: Run, c: Canvas, rows_on: list[bool], scale: float) -> tuple[torch.Tensor, bool]:
@@ -309,12 +308,13 @@ def denoise_step(run: Run, c: Canvas, cur_step: int) -> None:
     entropy, dead = entropy_at(logits, starts, backend="torch" if run.reproduce else "auto")
     if not run.reproduce and view.frozen_upto is None:
         entropy = torch.where(view.frozen, torch.zeros_like(entropy), entropy)
-    accept = entropy_bound_accept(logits, _bounds(run, entropy), entropy=entropy)
+    row = _row_settings(run, entropy)
+    accept = entropy_bound_accept(logits, row.bound, entropy=entropy)
     host = _host_flags(run, c, accept, dead)
     if any(any(r) for r in host["dead"]):  # NaN-free: an emptied position becomes uniform
         reset_dead(logits, host["dead"])
     positions = _positions(run, c, host, rows_on) if run.generators is not None else None
-    sample = _draw(run, c, logits, argmax, positions)
+    sample = _draw(run, c, logits, argmax, positions, row.greedy)
 
     with run.clock.hook():
         view.sample, view.argmax, view.accept = sample, argmax, accept
@@ -336,7 +336,7 @@ def denoise_step(run: Run, c: Canvas, cur_step: int) -> None:
             for b, d in enumerate(c.done_rows):
                 if d:
                     logits[b].copy_(c.sc_logits[b])
-    c.done |= run.stopper(argmax, logits, entropy=entropy)
+    c.done |= run.stopper(argmax, logits, entropy=entropy, confidence_threshold=row.confidence)
     c.done |= view.done
     c.done_rows = c.done.tolist()
     c.canvas, c.argmax = new_canvas, argmax

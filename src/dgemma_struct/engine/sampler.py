@@ -38,15 +38,21 @@ ENTROPY_CHUNK_CUDA = 1 << 25
 class DiffusionSettings:
     """Denoising settings, read from the checkpoint's generation config by default.
 
-    ``guided_entropy_bound``: the entropy bound of the rows a constraint guide commits left to right
-    (``None``: ``entropy_bound`` for every row). Under the guide a position past the frontier is
-    committed only when everything before it is, and the grammar's forced tokens cost no forward,
-    so a lower bound there buys accuracy for few forwards. A checkpoint sets it in its
-    :data:`CHECKPOINT_SETTINGS_FILE` (transformers' DiffusionGemma generation config rejects keys
-    it does not know).
+    ``guided_entropy_bound`` / ``guided_confidence_threshold``: the entropy bound and the stopping
+    rule's confidence threshold of the rows a constraint guide commits left to right (``None``: the
+    free rows' value). Under the guide a position past the frontier is committed only when
+    everything before it is, and the grammar's forced tokens cost no forward, so a lower bound there
+    buys accuracy for few forwards; a threshold of 0 never stops a guided canvas early, so the guide
+    commits it position by position instead of taking the rest of the draft at once.
+    ``guided_greedy``: guided rows take the argmax where the sampler would draw, when the request
+    sets no temperature (a row still varies with its seed: the canvas starts from seeded noise).
+    A checkpoint sets them in its :data:`CHECKPOINT_SETTINGS_FILE` (transformers' DiffusionGemma
+    generation config rejects keys it does not know).
 
         >>> DiffusionSettings(entropy_bound=1.0, guided_entropy_bound=0.0).bound(guided=True)
         0.0
+        >>> DiffusionSettings(confidence_threshold=0.3, guided_confidence_threshold=0.0).confidence(guided=False)
+        0.3
     """
 
     max_denoising_steps: int = 48
@@ -56,6 +62,8 @@ class DiffusionSettings:
     stability_threshold: int = 1
     confidence_threshold: float = 0.005
     guided_entropy_bound: float | None = None
+    guided_confidence_threshold: float | None = None
+    guided_greedy: bool = False
 
     @classmethod
     def from_generation_config(cls, gc) -> "DiffusionSettings":
@@ -79,18 +87,76 @@ class DiffusionSettings:
             >>> DiffusionSettings().with_checkpoint_file({"guided_entropy_bound": 0}).guided_entropy_bound
             0.0
         """
-        unknown = set(data) - {"guided_entropy_bound"}
+        unknown = set(data) - set(GUIDED_KEYS)
         if unknown:
-            raise ValueError(f"unknown keys {sorted(unknown)} (known: guided_entropy_bound)")
-        g = data.get("guided_entropy_bound", self.guided_entropy_bound)
-        number = isinstance(g, (int, float)) and not isinstance(g, bool)
-        if g is not None and not (number and math.isfinite(g) and g >= 0):
-            raise ValueError(f"guided_entropy_bound must be a number >= 0 or null, got {g!r}")
-        return dataclasses.replace(self, guided_entropy_bound=None if g is None else float(g))
+            raise ValueError(f"unknown keys {sorted(unknown)} (known: {', '.join(GUIDED_KEYS)})")
+        out = {}
+        for key in GUIDED_KEYS:
+            g = data.get(key, getattr(self, key))
+            if key == "guided_greedy":
+                if not isinstance(g, bool):
+                    raise ValueError(f"{key} must be true or false, got {g!r}")
+                out[key] = g
+                continue
+            number = isinstance(g, (int, float)) and not isinstance(g, bool)
+            if g is not None and not (number and math.isfinite(g) and g >= 0):
+                raise ValueError(f"{key} must be a number >= 0 or null, got {g!r}")
+            out[key] = None if g is None else float(g)
+        return dataclasses.replace(self, **out)
 
     def bound(self, guided: bool) -> float:
         """The entropy bound of a row the guide commits (``guided``) or of a free row."""
         return self.guided_entropy_bound if guided and self.guided_entropy_bound is not None else self.entropy_bound
+
+    def confidence(self, guided: bool) -> float:
+        """The stopping rule's confidence threshold of a row the guide commits (``guided``) or of a free row."""
+        g = self.guided_confidence_threshold
+        return g if guided and g is not None else self.confidence_threshold
+
+    @property
+    def guides(self) -> bool:
+        """Whether any ``guided_*`` setting is set (else every row decodes alike)."""
+        return (self.guided_entropy_bound is not None or self.guided_confidence_threshold is not None
+                or self.guided_greedy)
+
+    def for_rows(self, rows: Sequence[bool] | None, like: torch.Tensor, *, greedy: bool = False,
+                 temperature_set: bool = False) -> "RowSettings":
+        """One step's settings for a batch whose rows ``rows`` a guide commits (``None``: none).
+        ``greedy``: the request asked for temperature 0; ``temperature_set``: it set another
+        temperature (then ``guided_greedy`` does not apply).
+
+            >>> s = DiffusionSettings(confidence_threshold=0.5, guided_confidence_threshold=0.0, guided_greedy=True)
+            >>> r = s.for_rows([True, False], torch.zeros(2, 4))
+            >>> r.confidence.tolist(), r.greedy
+            ([0.0, 0.5], [True, False])
+        """
+        rows = list(rows) if rows is not None and any(rows) else None
+
+        def per_row(pick) -> float | torch.Tensor:
+            if rows is None or all(rows) or pick(True) == pick(False):
+                return pick(bool(rows))
+            return torch.tensor([pick(g) for g in rows], dtype=like.dtype, device=like.device)
+
+        bound = per_row(self.bound)
+        row_greedy: bool | list[bool] = greedy
+        if not greedy and not temperature_set and self.guided_greedy and rows is not None:
+            row_greedy = True if all(rows) else rows
+        return RowSettings(bound.unsqueeze(-1) if isinstance(bound, torch.Tensor) else bound,
+                           per_row(self.confidence), row_greedy)
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """One step's per-row settings: the entropy bound (``[B, 1]`` when rows differ), the stopping
+    rule's confidence threshold (``[B]`` when rows differ) and greedy sampling (per row when rows differ)."""
+
+    bound: float | torch.Tensor
+    confidence: float | torch.Tensor
+    greedy: bool | list[bool]
+
+
+#: the keys of :data:`CHECKPOINT_SETTINGS_FILE`: settings of the rows a constraint guide commits
+GUIDED_KEYS = ("guided_entropy_bound", "guided_confidence_threshold", "guided_greedy")
 
 
 def temperature(settings: DiffusionSettings, cur_step: int) -> float:
@@ -270,9 +336,10 @@ def sample_rows(logits: torch.Tensor, *, fill: torch.Tensor, where: torch.Tensor
 
 def sample_at(logits: torch.Tensor, *, fill: torch.Tensor, positions: Sequence[Sequence[int]],
               generators: Sequence[torch.Generator | None], scale: float = 1.0, top_p: float = 1.0,
-              greedy: bool = False) -> torch.Tensor:
+              greedy: bool | Sequence[bool] = False) -> torch.Tensor:
     """:func:`sample_rows` with the positions given per row on the host (ascending): one index
-    transfer, no host read; a row draws exactly what :func:`sample_rows` draws for it."""
+    transfer, no host read; a row draws exactly what :func:`sample_rows` draws for it. ``greedy``:
+    for every row, or per row."""
     out = fill.clone()
     flat = [p for ps in positions for p in ps]
     if not flat:
@@ -289,7 +356,7 @@ def sample_at(logits: torch.Tensor, *, fill: torch.Tensor, positions: Sequence[S
         rows = logits[b].index_select(0, idx)
         live = ~torch.isneginf(rows.amax(dim=-1))
         rows.masked_fill_(~live.unsqueeze(-1), 0.0)   # an empty distribution never reaches multinomial
-        if greedy:
+        if greedy if isinstance(greedy, bool) else greedy[b]:
             drawn = rows.argmax(dim=-1)
         else:
             if scale != 1.0:
@@ -313,8 +380,10 @@ class StableAndConfident:
     def reset(self) -> None:
         self.history = None
 
-    def __call__(self, argmax: torch.Tensor, logits: torch.Tensor,
-                 entropy: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, argmax: torch.Tensor, logits: torch.Tensor, entropy: torch.Tensor | None = None,
+                 confidence_threshold: float | torch.Tensor | None = None) -> torch.Tensor:
+        """Per row, whether it stops. ``confidence_threshold``: this step's threshold instead of
+        the one given at construction (a float, or a ``[B]`` tensor: one per row)."""
         if self.stability_threshold == 0:
             stable = torch.ones(logits.shape[0], device=logits.device, dtype=torch.bool)
         else:
@@ -325,4 +394,5 @@ class StableAndConfident:
             self.history = torch.roll(self.history, shifts=-1, dims=0)
             self.history[-1] = argmax
         ent = token_entropy(logits) if entropy is None else entropy
-        return stable & (ent.mean(dim=-1) < self.confidence_threshold)
+        limit = self.confidence_threshold if confidence_threshold is None else confidence_threshold
+        return stable & (ent.mean(dim=-1) < limit)
