@@ -14,7 +14,8 @@ knob changed at a time toward frontier-first decoding (entropy bound 0: only the
 each step under the guide's progress rule; confidence threshold 0: a canvas is not stopped early;
 greedy): which part of frontier-first buys the accuracy, and for how many forwards. Writes
 ``docs/results/settings_sweep_splits.{json,md}``. The last row is the checkpoint as it loads, its
-``dgemma_struct.json`` applied (the embedded one: ``guided_entropy_bound`` 0, chosen from this table).
+``dgemma_struct.json`` applied (the embedded one: frontier-first on guided rows, chosen from this
+table: ``guided_entropy_bound`` 0, ``guided_confidence_threshold`` 0, ``guided_greedy``).
 
     OMP_NUM_THREADS=1 python benchmarks/settings_sweep.py --splits 30      # ≈ 10 min
 """
@@ -53,6 +54,7 @@ SPLITS_GRID = [
     ("entropy bound 0.1, greedy", {"entropy_bound": 0.1}, 0.0),
     ("entropy bound 0.03, greedy", {"entropy_bound": 0.03}, 0.0),
     ("entropy bound 0, greedy", {"entropy_bound": 0.0}, 0.0),
+    ("entropy bound 0, confidence 0", {"entropy_bound": 0.0, "confidence_threshold": 0.0}, None),
     ("frontier-first: entropy bound 0, confidence 0, greedy", {"entropy_bound": 0.0, "confidence_threshold": 0.0}, 0.0),
     ("as loaded (generation config + dgemma_struct.json)", None, None),
 ]
@@ -61,7 +63,9 @@ SPLIT_KEYS = ("field_accuracy", "exact_records", "median_forwards", "mean_forwar
 
 def splits_sweep(rt: DiffusionRuntime, n: int, model: str, out: Path) -> None:
     """Diffusion constrained split accuracy under :data:`SPLITS_GRID`; writes ``out.{json,md}``."""
-    rows, base = [], dataclasses.replace(rt.settings, guided_entropy_bound=None)
+    rows = []
+    base = dataclasses.replace(rt.settings, guided_entropy_bound=None, guided_confidence_threshold=None,
+                               guided_greedy=False)
     for name, change, temperature in SPLITS_GRID:
         t0 = time.perf_counter()
         settings = rt.settings if change is None else dataclasses.replace(base, **change)
@@ -91,8 +95,9 @@ def splits_table(data: dict) -> str:
     head = ["# Decoding settings on the constrained splits (diffusion)", "",
             f"Model: `{data['model']}`; `evaluate_splits(n={data['n_per_split']})`, diffusion, constrained, the same "
             "prompts and seeds in every row, one thread. A cell: field accuracy / median forwards. Entropy "
-            "bound: the generation config's, then in brackets the one of the rows a constraint guide commits "
-            "(`guided_entropy_bound`) when it differs.", "",
+            "bound, confidence threshold and temperature: the generation config's (or the row's change), then in "
+            "brackets those of the rows a constraint guide commits (`guided_entropy_bound`, "
+            "`guided_confidence_threshold`, `guided_greedy`) when they differ.", "",
             "| settings | entropy bound | confidence | temperature | in_distribution | held_out_families | "
             "held_out_phrasings | exact records (all splits) |", "|---|--:|--:|---|--:|--:|--:|--:|"]
     for r in data["rows"]:
@@ -101,10 +106,15 @@ def splits_table(data: dict) -> str:
                  for s in ("in_distribution", "held_out_families", "held_out_phrasings")]
         exact = sum(sp[s]["exact_records"] for s in sp) / len(sp)
         temp = "schedule" if r["temperature"] is None else f"{r['temperature']:g} (greedy)"
-        bound = f"{st['entropy_bound']:g}"
+        if st.get("guided_greedy") and r["temperature"] is None:
+            temp += " (guided greedy)"
+        bound, conf = f"{st['entropy_bound']:g}", f"{st['confidence_threshold']:g}"
         if st.get("guided_entropy_bound") is not None and st["guided_entropy_bound"] != st["entropy_bound"]:
             bound += f" (guided {st['guided_entropy_bound']:g})"
-        head.append(f"| {r['name']} | {bound} | {st['confidence_threshold']:g} | {temp} | "
+        g = st.get("guided_confidence_threshold")
+        if g is not None and g != st["confidence_threshold"]:
+            conf += f" (guided {g:g})"
+        head.append(f"| {r['name']} | {bound} | {conf} | {temp} | "
                     + " | ".join(cells) + f" | {exact:.1%} |")
     return "\n".join(head)
 

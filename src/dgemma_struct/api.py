@@ -72,7 +72,8 @@ def generate(prompt: Prompt, spec: Any, *, runtime: DiffusionRuntime | None = No
 
     Sampling: ``seed=0`` by default, so a call is deterministic (the same arguments give the same
     output); ``seed=None`` draws a fresh seed (``stats.seed`` records it). ``temperature=None``
-    keeps each mode's default (diffusion: the checkpoint's temperature schedule; AR: greedy);
+    keeps each mode's default (diffusion: the checkpoint's temperature schedule, greedy on
+    constrained rows where its ``dgemma_struct.json`` sets ``guided_greedy``; AR: greedy);
     ``0`` is greedy; ``t > 0`` scales the diffusion schedule (``t_min``/``t_max``) by ``t`` and
     is the softmax temperature in AR. ``top_p`` in (0, 1]: nucleus sampling.
 

@@ -234,7 +234,8 @@ class DiffusionRuntime:
         diffusion, ``mode="ar"`` the same weights left to right.
 
         Sampling: ``temperature=None`` is each mode's default (diffusion: the checkpoint's
-        temperature schedule; AR: greedy); ``0`` is greedy in both; ``t > 0`` scales the diffusion
+        temperature schedule, greedy on the rows a guide commits when ``settings.guided_greedy``;
+        AR: greedy); ``0`` is greedy in both; ``t > 0`` scales the diffusion
         schedule by ``t`` and is the softmax temperature in AR. ``top_p`` < 1: nucleus sampling.
 
         ``seed``: an int seeds torch's global RNG, as ``model.generate`` uses it (an unconstrained

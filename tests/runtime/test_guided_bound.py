@@ -101,9 +101,11 @@ def test_the_guide_reports_which_rows_it_commits(runtime):
 
 
 def test_the_embedded_checkpoint_commits_guided_rows_at_the_frontier_only():
-    assert json.loads((EMBEDDED_DIR / CHECKPOINT_SETTINGS_FILE).read_text()) == {"guided_entropy_bound": 0.0}
-    rt = DiffusionRuntime.default(device="cpu")
-    assert rt.settings.guided_entropy_bound == 0.0 and rt.settings.entropy_bound == 1.0
+    want = {"guided_entropy_bound": 0.0, "guided_confidence_threshold": 0.0, "guided_greedy": True}
+    assert json.loads((EMBEDDED_DIR / CHECKPOINT_SETTINGS_FILE).read_text()) == want
+    s = DiffusionRuntime.default(device="cpu").settings
+    assert (s.guided_entropy_bound, s.guided_confidence_threshold, s.guided_greedy) == (0.0, 0.0, True)
+    assert (s.entropy_bound, s.confidence_threshold) == (1.0, 0.3)   # free rows: the generation config
 
 
 @pytest.mark.parametrize("key", ["guided_entropy_bound", "guided_confidence_threshold"])
