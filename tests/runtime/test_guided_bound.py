@@ -76,7 +76,8 @@ def test_per_row_greedy_takes_the_argmax_of_its_rows_only():
     gens = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)]
     got = sample_at(logits, fill=fill, positions=[list(range(6))] * 2, generators=gens, greedy=[True, False])
     assert got[0].tolist() == logits[0].argmax(-1).tolist()
-    again = sample_at(logits, fill=fill, positions=[[], list(range(6))], generators=[None, torch.Generator().manual_seed(1)])
+    again = sample_at(logits, fill=fill, positions=[[], list(range(6))],
+                      generators=[None, torch.Generator().manual_seed(1)])
     assert got[1].tolist() == again[1].tolist()   # the sampled row drew what it draws alone
 
 

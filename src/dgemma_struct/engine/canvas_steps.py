@@ -14,8 +14,9 @@ import torch
 from dgemma_struct.engine.forward import Clock, encode
 from dgemma_struct.engine.hooks import StepHook, StepView
 from dgemma_struct.engine.token_logprobs import RAW
-from dgemma_struct.engine.sampler import (DiffusionSettings, RowSettings, StableAndConfident, entropy_at, entropy_bound_accept,
-                                   random_canvas, reset_dead, sample_at, sample_tokens, temperature, top_p_filter)
+from dgemma_struct.engine.sampler import (DiffusionSettings, RowSettings, StableAndConfident, entropy_at,
+                                          entropy_bound_accept, random_canvas, reset_dead, sample_at, sample_tokens,
+                                          temperature, top_p_filter)
 
 __all__ = ["Run", "Canvas", "encode_committed", "start_canvas", "denoise_step", "commit_canvas", "pad_after_eos",
            "next_canvas", "cache_rows", "cat_caches"]

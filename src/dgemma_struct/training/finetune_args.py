@@ -38,7 +38,8 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--short-records", type=_fraction, default=0.0,
                    help="share of the corpus that is short records ending in a number, 'X is 34 years old.' "
                         "(default 0)")
-    g.add_argument("--warmup", type=bounded(int, 0), default=150, help="warm-up steps of the learning rate (default 150)")
+    g.add_argument("--warmup", type=bounded(int, 0), default=150,
+                   help="warm-up steps of the learning rate (default 150)")
     g.add_argument("--lr-floor", type=_fraction, default=0.1,
                    help="the cosine decay ends at this fraction of --lr (default 0.1)")
     g.add_argument("--checkpoint-every", type=bounded(int, 1), default=250,
