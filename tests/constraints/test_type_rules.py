@@ -71,18 +71,36 @@ def test_a_type_without_a_rule_keeps_its_schema():
     assert GRAMMAR_KEY in typed_json_schema(TypeAdapter(ROWS["date"].type))
 
 
-@pytest.mark.parametrize("fmt,good,bad", [
-    ("date", ["0000-01-01", "2024-02-29", "2000-02-29"], ["2025-02-29", "1900-02-29", "2025-04-31"]),
-    ("date-time", ["0000-01-01T00:00:00Z", "2024-02-29T23:59:60Z"], ["2025-02-29T00:00:00Z"]),
+@pytest.mark.parametrize("fmt,good,valid_not_written,bad", [
+    ("date", ["0001-01-01", "2024-02-29", "2000-02-29"], ["0000-01-01"], ["2025-02-29", "1900-02-29", "2025-04-31"]),
+    ("date-time", ["0001-01-01T00:00:00Z", "2024-02-29T23:59:60Z"], ["0000-01-01T00:00:00Z"], ["2025-02-29T00:00:00Z"]),
 ])
-def test_raw_formats_keep_json_schema_meaning(hf_tok, fmt, good, bad):
-    # raw schemas: RFC 3339's year 0000 and leap second stay; only days the format check refuses go
+def test_raw_formats_keep_json_schema_meaning(hf_tok, fmt, good, valid_not_written, bad):
+    # raw schemas validate by RFC 3339 (year 0000 included) but are written in the years client date types
+    # read (pydantic refuses 0000); the leap second stays; days the format check refuses are never written
     c = compile_constraint({"type": "string", "format": fmt}, tokenizer=hf_tok)
     for v in good:
         assert c.grammar_accepts(json.dumps(v)) and c.matches(json.dumps(v)), v
+    for v in valid_not_written:
+        assert c.validate_text(json.dumps(v)).ok and not c.grammar_accepts(json.dumps(v)), v
     for v in bad:
         assert not c.validate_text(json.dumps(v)).ok and not c.grammar_accepts(json.dumps(v)), v
     assert fmt in RAW_FORMAT_PATTERNS
+
+
+def test_a_raw_date_is_one_pydantic_reads(hf_tok):
+    """``responses.parse(text_format=Model)`` sends pydantic's schema as a raw dict and parses the answer
+    with pydantic: every date the raw grammar writes must be one pydantic's ``date`` takes."""
+    import datetime as dt
+
+    pattern = RAW_FORMAT_PATTERNS["date"]
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(st.from_regex(pattern, fullmatch=True, alphabet=st.characters(codec="ascii")))
+    def check(s):
+        TypeAdapter(dt.date).validate_json(json.dumps(s))
+
+    check()
 
 
 def test_a_set_of_a_small_enum_takes_each_member_once(hf_tok):

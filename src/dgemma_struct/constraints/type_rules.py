@@ -6,9 +6,11 @@ are both ``format: date-time``, ``UUID4`` is an unknown ``format: uuid4``, a ``D
 decimal_places=2)`` is any number or any string. :class:`TypedJsonSchema` reads pydantic's *core* schema
 as it writes the JSON Schema and puts the grammar rule beside the keyword as ``x-grammar`` (a subschema
 the grammar copy uses in place of the one it sits in, :func:`grammar_form`); validation keeps pydantic's
-schema and pydantic itself. Raw JSON-Schema dicts keep JSON Schema's meaning: only a ``format`` that
-llguidance reads wider than the format check judging it (:data:`RAW_FORMAT_PATTERNS`: leap days) is
-tightened.
+schema and pydantic itself. Raw JSON-Schema dicts keep JSON Schema's meaning for validation; a ``format``
+that llguidance reads wider than the format check judging it (:data:`RAW_FORMAT_PATTERNS`: leap days) is
+tightened, and dates are generated in years 0001-9999, the years every client's date type reads (a raw
+schema usually comes from one: ``responses.parse(text_format=Model)`` sends pydantic's schema, then parses
+the answer with pydantic, which refuses year 0000).
 
 >>> import re
 >>> bool(re.fullmatch(DATE, "2024-02-29")), bool(re.fullmatch(DATE, "2025-02-29")), bool(re.fullmatch(DATE, "0000-01-01"))
@@ -30,23 +32,15 @@ __all__ = ["EMAIL_GRAMMAR_PATTERN", "DATE", "TIME", "DATETIME", "UUID", "RAW_FOR
 GRAMMAR_KEY = "x-grammar"
 
 
-def _years(zero: bool) -> str:
-    return "[0-9]{4}" if zero else "(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
-
-
+_YEARS = "(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"  # 0001-9999
 _M31 = "(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"
 _M30 = "(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
 _FEB = "02-(?:0[1-9]|1[0-9]|2[0-8])"
 _LEAP = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"  # no 0000
 
 
-def _date(zero: bool) -> str:
-    leap = f"(?:{_LEAP}|0000)" if zero else _LEAP
-    return f"(?:{_years(zero)}-(?:{_M31}|{_M30}|{_FEB})|{leap}-02-29)"
-
-
 #: a calendar date, years 0001-9999, day of month by month and leap year (pydantic's ``date``)
-DATE = _date(False)
+DATE = f"(?:{_YEARS}-(?:{_M31}|{_M30}|{_FEB})|{_LEAP}-02-29)"
 _HMS = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?"
 _OFFSET = "(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 #: a time of day, optional offset (pydantic's ``time``: no leap second, at most microseconds)
@@ -105,11 +99,11 @@ EMAIL_GRAMMAR_PATTERN = (rf"^{_EMAIL_ATEXT}{{1,32}}(?:\.{_EMAIL_ATEXT}{{1,15}}){
                          rf"|\[{_EMAIL_OCTET}(?:\.{_EMAIL_OCTET}){{3}}\])$")
 
 #: raw JSON-Schema formats llguidance reads wider than the format check that judges them (leap days);
-#: RFC 3339 allows year 0000 and a leap second
+#: RFC 3339's year 0000 validates but is not generated (client date types refuse it); the leap second is kept
 RAW_FORMAT_PATTERNS: dict[str, str] = {
     "email": EMAIL_GRAMMAR_PATTERN, "idn-email": EMAIL_GRAMMAR_PATTERN,
-    "date": f"^{_date(True)}$",
-    "date-time": (f"^{_date(True)}[Tt](?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\\.[0-9]{{1,18}})?"
+    "date": f"^{DATE}$",
+    "date-time": (f"^{DATE}[Tt](?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\\.[0-9]{{1,18}})?"
                   f"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"),
 }
 
