@@ -258,6 +258,7 @@ def main() -> None:
     ap.add_argument("--held-out", type=int, default=60, help="held-out JSON prompts")
     ap.add_argument("--modes", nargs="+", default=["diffusion", "ar"])
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--model", default=None, help="local checkpoint directory (default: the embedded model)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "calibration"))
     ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "calibration.png"))
@@ -266,7 +267,7 @@ def main() -> None:
     from dgemma_struct.runtime import DiffusionRuntime
     from dgemma_struct.training.eval_splits import eval_examples
 
-    rt = DiffusionRuntime.default()
+    rt = DiffusionRuntime.from_pretrained(args.model, device="cpu") if args.model else DiffusionRuntime.default()
     heldout = [e for e in held_out(args.held_out * 3) if e["kind"] == "json" and not e.get("thinking")][:args.held_out]
     splits = eval_examples(args.n)
     t0 = time.perf_counter()

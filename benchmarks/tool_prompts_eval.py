@@ -96,9 +96,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=400, help="held-out examples drawn; their tool prompts are used")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--out", default="docs/results/tool_prompts_eval.json")
+    ap.add_argument("--model", default=None, help="local checkpoint directory (default: the embedded model)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rt = DiffusionRuntime.default()
+    rt = DiffusionRuntime.from_pretrained(args.model, device="cpu") if args.model else DiffusionRuntime.default()
     examples = [e for e in make_corpus(args.n, seed=HELD_OUT_SEED) if e["kind"] == "tool" and not e["thinking"]]
     report = {"model": rt.name, "held_out": f"make_corpus({args.n}, seed={HELD_OUT_SEED}), tool prompts",
               "n": len(examples), "max_new_tokens": args.max_new_tokens,
