@@ -264,10 +264,10 @@ def main() -> None:
     ap.add_argument("--plot", default=str(ROOT / "docs" / "img" / "calibration.png"))
     args = ap.parse_args()
 
-    from dgemma_struct.runtime import DiffusionRuntime
+    from dgemma_struct.cli.arguments import load_runtime
     from dgemma_struct.training.eval_splits import eval_examples
 
-    rt = DiffusionRuntime.from_pretrained(args.model, device="cpu") if args.model else DiffusionRuntime.default()
+    rt = load_runtime(args.model, "auto", "auto")   # a local directory only, never the hub
     heldout = [e for e in held_out(args.held_out * 3) if e["kind"] == "json" and not e.get("thinking")][:args.held_out]
     splits = eval_examples(args.n)
     t0 = time.perf_counter()

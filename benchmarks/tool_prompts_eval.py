@@ -27,6 +27,7 @@ from pathlib import Path
 import jsonschema
 import torch
 
+from dgemma_struct.cli.arguments import load_runtime
 from dgemma_struct.errors import DgemmaStructError
 from dgemma_struct.prompts import ChatPrompt
 from dgemma_struct.runtime import DiffusionRuntime
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="local checkpoint directory (default: the embedded model)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rt = DiffusionRuntime.from_pretrained(args.model, device="cpu") if args.model else DiffusionRuntime.default()
+    rt = load_runtime(args.model, "auto", "auto")   # a local directory only, never the hub
     examples = [e for e in make_corpus(args.n, seed=HELD_OUT_SEED) if e["kind"] == "tool" and not e["thinking"]]
     report = {"model": rt.name, "held_out": f"make_corpus({args.n}, seed={HELD_OUT_SEED}), tool prompts",
               "n": len(examples), "max_new_tokens": args.max_new_tokens,
