@@ -58,3 +58,56 @@ def test_draft7_tuple_with_additional_items_false_accepts_valid_tuples(hf_tok):
     for text, ok in [("[false,true]", True), ("[true]", True), ("[]", True), ("[false,true,null]", False),
                      ("[1]", False)]:
         assert c.matches(text) is ok, text
+
+
+STALE_SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                "required": ["b"], "additionalProperties": False}
+
+
+def _stale_walker(hf_tok):
+    """A walker whose frozen matcher went ``{"b":"`` (mask computed), ``"}``, rolled back, then ``a":"``
+    -- what a closing search from ``{"`` does before the model writes ``a``."""
+    c = compile_constraint(STALE_SCHEMA, hf_tok)
+    enc = lambda s: hf_tok.encode(s, add_special_tokens=False)  # noqa: E731
+    w = c.canvas_walker()
+    w.commit(enc('{"'))
+    with w.frozen_cursor() as cur:
+        assert cur.advance(enc('b":"'))
+        w.mask_of(cur.m)
+        assert cur.advance(enc('"}'))
+    w.commit(enc('a":"'))
+    return c, w, enc
+
+
+def test_llguidance_mask_after_a_rollback_can_allow_what_it_refuses(hf_tok):
+    """The engine bug behind StaleMaskError (llguidance 1.9.1): after the moves above the mask allows
+    ``"}`` (``b`` is required), consuming refuses it, and a fresh matcher's mask does not allow it.
+    When this fails the engine is mended and the retries on StaleMaskError can go."""
+    from dgemma_struct.constraints.bitmask_np import bitmask_allows
+
+    c, w, enc = _stale_walker(hf_tok)
+    (close,) = enc('"}')
+    fresh = c.new_matcher()
+    assert fresh.consume_tokens(w.frozen_tokens)
+    assert not bitmask_allows(w.mask_of(fresh), close)
+    with w.frozen_cursor() as cur:
+        assert bitmask_allows(w.mask_of(cur.m), close) and not cur.advance([close])
+
+
+def test_a_stale_mask_neither_fails_a_closing_plan_nor_a_walk(hf_tok):
+    """A closing plan and a draft walk from that state: the walker rebuilds its matcher and answers;
+    before, the plan raised ConstraintEngineError ("refused closing tokens it allowed") and the
+    request failed (4 of 90 requests of evaluate_splits(n=30) on the embedded model)."""
+    import json
+
+    from dgemma_struct.constraints.closing import closing_plan
+
+    c, w, enc = _stale_walker(hf_tok)
+    plan = closing_plan(w, None, None, 16)   # the closing candidates of the constraint's tokenizer
+    assert plan is not None
+    text = hf_tok.decode(w.frozen_tokens + plan)
+    assert json.loads(text)["b"] == "" and c.matches(text), text
+    c, w, enc = _stale_walker(hf_tok)
+    res = w.walk(enc('"}'))
+    assert res.n_valid == 0 and not res.stopped
+    assert not res.bitmasks[0][enc('"}')[0] >> 5] >> (enc('"}')[0] & 31) & 1   # the row is exact again

@@ -35,6 +35,7 @@ from .bitmask_np import allowed_among, bitmask_allows, bitmask_to_bool
 from .closing_search import (CLOSING_BEAM, CLOSING_EXAMINE, CLOSING_EXTRA_LEVELS, byte_representatives,  # noqa: F401
                              json_string_state, run_shape, search_closing, segment_punct, stepwise_closing,
                              allowed_closer, closing_walk, frozen_cursor, frozen_string_state)
+from .cursor import StaleMaskError
 from .safety import engine_guard
 from .tokenizer import vocab_scan
 
@@ -125,6 +126,14 @@ def closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, ma
         return []
     if byte_ids is None or not len(byte_values):
         quote_ids, bracket_ids, byte_ids, byte_values = closing_candidates(walker.constraint.tokenizer_info)
+    try:
+        return _closing_plan(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+    except StaleMaskError:   # the walker's matcher was rebuilt on the way out: its masks are exact again
+        return _closing_plan(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
+
+
+def _closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int, byte_ids: np.ndarray,
+                  byte_values: bytes) -> list[int] | None:
     with engine_guard("planning a closing"):
         # every plan is checked against the masks too: the guide commits it as the walker walks it
         greedy = _greedy_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)

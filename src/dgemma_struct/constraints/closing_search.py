@@ -18,10 +18,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from dgemma_struct.errors import ConstraintEngineError
-
 from .bitmask_np import allowed_among, bitmask_to_bool
-from .cursor import MatcherCursor
+from .cursor import MatcherCursor, StaleMaskError
 from .safety import clip
 
 CLOSING_BEAM = 32  # distinct states kept per search level
@@ -314,7 +312,7 @@ def closing_walk(walker: Any, cur: MatcherCursor, state: tuple[bool, bool], max_
     else ``choose(mask row, JSON string state, plan so far)`` (None or empty: a dead end, None is
     returned). None also past ``max_n`` tokens. ``track_string``: the string state follows the
     picks (else it stays ``state``). The cursor moves with ``goto`` (a ``choose`` may move it); a
-    refused pick is a dead end, or with ``strict`` a :class:`ConstraintEngineError`."""
+    refused pick is a dead end, or with ``strict`` a :class:`~.cursor.StaleMaskError` (the cursor left dirty)."""
     m, tok = cur.m, walker.constraint.tokenizer_info.lltok
     plan: list[int] = []
     while len(plan) <= max_n:
@@ -326,9 +324,10 @@ def closing_walk(walker: Any, cur: MatcherCursor, state: tuple[bool, bool], max_
             picks = choose(row, state, plan)
             if not picks:
                 return None
-        if not cur.goto(plan + picks):  # pragma: no cover - the picks were allowed
+        if not cur.goto(plan + picks):  # the picks were allowed: a stale mask (see StaleMaskError)
             if strict:
-                raise ConstraintEngineError(f"the matcher refused closing tokens it allowed: {clip(m.get_error())}")
+                cur.dirty = True  # the lender rebuilds its matcher
+                raise StaleMaskError(f"the matcher refused closing tokens it allowed: {clip(m.get_error())}")
             return None
         plan.extend(picks)
         if track_string:

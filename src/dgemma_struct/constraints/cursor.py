@@ -9,7 +9,18 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["MatcherCursor", "common_prefix", "move_matcher"]
+from dgemma_struct.errors import ConstraintEngineError
+
+__all__ = ["MatcherCursor", "StaleMaskError", "common_prefix", "move_matcher"]
+
+
+class StaleMaskError(ConstraintEngineError):
+    """A matcher refused a token its own mask allowed. llguidance 1.9.1 does this after a rollback:
+    a mask computed in a state, the matcher rolled back past it and moved to another, the new
+    state's mask can still allow a token of the first (``{"b":"`` then ``{"a":"`` with only ``b``
+    required: ``"}`` stays allowed after ``a``, and ``try_consume_tokens`` refuses it; a fresh
+    matcher's mask is exact). Callers rebuild the matcher from its tokens and try once more.
+    Consuming is exact, so a value is never wrong for it, only the search for one is misled."""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

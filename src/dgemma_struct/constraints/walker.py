@@ -30,7 +30,7 @@ from dgemma_struct.errors import ConstraintEngineError, ConstraintError, Constra
 
 from .bitmask_np import allowed_among, bitmask_allows, bitmask_of, bitmask_to_bool
 from .closing import greedy_fill
-from .cursor import MatcherCursor, common_prefix, move_matcher
+from .cursor import MatcherCursor, StaleMaskError, common_prefix, move_matcher
 from .safety import clip, engine_guard, guarded, is_limit_error
 
 __all__ = ["CanvasWalker", "WalkResult", "MatcherSource", "bitmask_allows", "bitmask_to_bool", "allowed_among"]
@@ -260,13 +260,15 @@ class CanvasWalker:
         self._buf = new
         self._base = 0
 
-    def _engine_fault(self, what: str, m: Any = None) -> ConstraintEngineError:
+    def _engine_fault(self, what: str, m: Any = None, *, stale: bool = False) -> ConstraintEngineError:
         """The error to raise (the work matcher is reset): :class:`ConstraintLimitError` when the
-        engine reports one of its limits, else :class:`ConstraintEngineError`."""
+        engine reports one of its limits, else :class:`ConstraintEngineError`
+        (:class:`~.cursor.StaleMaskError` when ``stale``: a mask allowed what its matcher refused)."""
         m = self._work if m is None else m
         err = m.get_error() if m.is_error() else ""
         self._reset_work()
-        cls = ConstraintLimitError if is_limit_error(err, extra=("max is",)) else ConstraintEngineError
+        cls = ConstraintLimitError if is_limit_error(err, extra=("max is",)) else \
+            StaleMaskError if stale else ConstraintEngineError
         return cls(f"{what}" + (f": {clip(err)}" if err else ""))
 
     def walk(self, draft: Sequence[int]) -> WalkResult:
@@ -275,7 +277,11 @@ class CanvasWalker:
         Raises :class:`ConstraintEngineError` when the matcher is in its error state, refuses
         tokens its mask allowed, or a mask row allows no token at all (never a silent zero row)."""
         with engine_guard("computing canvas masks"):
-            return self._walk(draft)
+            try:
+                return self._walk(draft)
+            except StaleMaskError:
+                self._rebuild(self.frozen_tokens)   # fresh matchers, exact masks (see StaleMaskError)
+                return self._walk(draft)
 
     def _walk(self, draft: Sequence[int]) -> WalkResult:
         if hasattr(draft, "tolist"):
@@ -356,7 +362,7 @@ class CanvasWalker:
             ok = self._work.consume_tokens(rest[:n_ok])
         if not ok:
             raise self._engine_fault(f"the matcher refused draft tokens its own mask allowed "
-                                     f"(positions {self.frontier + p}..{self.frontier + n_valid})")
+                                     f"(positions {self.frontier + p}..{self.frontier + n_valid})", stale=True)
         path.extend(rest[:n_ok])
         self._nrows = n_valid + 1
         accepting = stopped or bool((buf[base + n_valid] & self._stop_row).any())
