@@ -23,6 +23,17 @@ def test_document_then_instruction_and_instruction_colon_document():
     assert grounded_sources(f"Name: Maria Keller\n{DOC}") == (f"Name: Maria Keller\n{DOC}",)
 
 
+def test_a_document_label_on_the_instruction_line_starts_the_document():
+    """"Fields: a, b. Source: <first line of the document>": the document's first line (with its number)
+    is not dropped with the instruction (a required integer of it was a GroundingError), and the
+    field names before the label stay out."""
+    prompt = "Return only JSON. Fields: customer, total. Source: * Total: 129\n* Customer: Maria Keller"
+    assert grounded_sources(prompt) == ("* Total: 129\n* Customer: Maria Keller",)
+    assert grounded_sources(f"Read the text and give the total in JSON.\nText: {DOC}") == (f"Text: {DOC}",)
+    # a label word inside the instruction, with nothing after it, is not a document
+    assert grounded_sources(f"Extract the total from the message text:\n{DOC}") == (DOC,)
+
+
 def test_one_line_prompt_is_its_own_document():
     assert grounded_sources(DOC) == (DOC,)
     assert grounded_sources(f"{DOC}\n   ") == (f"{DOC}\n   ",)   # nothing after the first line

@@ -136,7 +136,32 @@ def test_unsatisfiable_fields_raise_before_generation(tok):
         compile_grounded(one_field({"enum": ["red", "blue"]}), tok, source="a green car")
     with pytest.raises(GroundingError):
         compile_grounded({"type": "object", "properties": {"n": {"type": "integer", "x-grounded": True,
-                                                                 "minimum": 100}}}, tok, source="only 7 and 9")
+                                                                 "minimum": 100}}, "required": ["n"]},
+                         tok, source="only 7 and 9")
+
+
+def test_an_optional_field_nothing_in_the_source_fills_is_left_out(tok):
+    """An optional grounded field with no candidate in the source is not a GroundingError any more (it
+    failed whole requests: "depth" asked for, the source has none): the grammar cannot write it; the
+    other fields are grounded as before. A required one still raises."""
+    schema = {"type": "object", "properties": {
+        "depth": {"type": "integer"},
+        "origin": {"type": "object", "properties": {"host": {"type": "string"}, "port": {"type": "integer"}},
+                   "required": ["port", "host"]},
+        "cost": {"type": "number"}, "name": {"type": "string"},
+        "code": {"type": "string", "pattern": "^[0-9]{5}$"}},
+        "required": ["cost", "name"], "additionalProperties": False}
+    c = compile_grounded(schema, tok, source="Ann Lee paid 935.22 at the docks", ground="all")
+    assert c.matches('{"cost":935.22,"name":"Ann Lee"}')
+    for bad in ('{"depth":935,"cost":935.22,"name":"Ann Lee"}', '{"cost":935.22,"name":"Ann Lee","code":"93522"}',
+                '{"origin":{"host":"docks","port":935},"cost":935.22,"name":"Ann Lee"}'):
+        assert not c.grammar_accepts(bad), bad
+    with pytest.raises(GroundingError, match="/depth"):
+        compile_grounded({**schema, "required": ["depth", "cost"]}, tok, source="Ann paid 935.22", ground="all")
+    # the optional nested object is kept when the source can fill it; its span rules survive a dropped sibling
+    c = compile_grounded(schema, tok, source="Ann Lee paid 935.22 at port 8080 of the docks", ground="all")
+    assert c.matches('{"origin":{"host":"docks","port":8080},"cost":935.22,"name":"Ann Lee"}')
+    assert not c.grammar_accepts('{"depth":7,"cost":935.22,"name":"Ann Lee"}')
 
 
 @pytest.mark.parametrize("source", ["", "   \n\t ", [], ["", " "]])

@@ -81,9 +81,10 @@ def test_bad_input(rt):
     with pytest.raises(PromptTooLongError):
         generate_grounded("Extract as JSON.", PERSON, ground="all", runtime=rt,
                           source="Tara Zhang is 42. " * (rt.max_context // 4))
+    big = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1000, "x-grounded": True}}}
     with pytest.raises(GroundingError, match="no number"):
-        generate_grounded(PROMPTS[0], {"type": "object", "properties": {
-            "n": {"type": "integer", "minimum": 1000, "x-grounded": True}}}, runtime=rt)
+        generate_grounded(PROMPTS[0], {**big, "required": ["n"]}, runtime=rt)
+    assert generate_grounded(PROMPTS[0], big, runtime=rt, max_new_tokens=16).value == {}   # optional: left out
     out = generate_grounded_batch([PROMPTS[0], "no digits"], {"type": "object", "properties": {
         "n": {"type": "integer", "x-grounded": True}}, "required": ["n"]}, runtime=rt, return_exceptions=True,
         max_new_tokens=16)

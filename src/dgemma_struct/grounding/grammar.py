@@ -126,10 +126,21 @@ class GrammarBuilder(SchemaView):
         if missing:
             raise GroundingError(f"{fmt(path)}: required properties {missing} have no schema; a grounded object "
                                  "needs every required property declared", path=path)
+        items, kept = [], []
+        for k in names:
+            mark = (len(self.rules), self.grounded_count, dict(self.span_terms), self._edge_rules, dict(self.ref_rules))
+            try:
+                items.append(f'{_lark_lit(json.dumps(k, ensure_ascii=False) + ":")} {self.expr(props[k], path + (k,))}')
+                kept.append(k)
+            except GroundingError:
+                if k in required:
+                    raise
+                # an optional field that nothing in the source can fill is left out, as a reader would
+                del self.rules[mark[0]:]
+                self.grounded_count, self.span_terms, self._edge_rules, self.ref_rules = mark[1:]
+        names = kept
         if not names:
             return '"{}"'
-        items = [f'{_lark_lit(json.dumps(k, ensure_ascii=False) + ":")} {self.expr(props[k], path + (k,))}'
-                 for k in names]
         base = self.fresh("obj")
         # first_i: properties i.. with nothing written yet; rest_i: after at least one
         n = len(names)

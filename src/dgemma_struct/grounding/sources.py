@@ -115,10 +115,22 @@ def is_instruction(line: str) -> bool:
     return bool(_INSTRUCTION.match(line)) or "json" in line.lower()
 
 
+_DOC_LABEL = re.compile(r"\b(?:source|text|input|document|message|context|data|note)\s*:\s*(?=\S)", re.I)
+
+
+def _labelled_tail(line: str) -> str:
+    """What follows the last document label (``Source:``, ``Text:``, ``Input:`` ...) of an instruction
+    line, or "" (``"Return JSON. Fields: a. Source: a: 7"`` holds the document's first line)."""
+    found = list(_DOC_LABEL.finditer(line))
+    return line[found[-1].end():] if found else ""
+
+
 def document_part(text: str) -> str:
     """The document of an instruction-and-document text: the lines after an instruction line that opens
-    the text, else the lines before one that closes it; a one-line text that opens with an instruction
-    and a colon, what follows the colon; else the whole text (then it is its own document).
+    the text (with what follows a document label on that line: ``Source:``, ``Text:``, ``Input:``,
+    ``Document:``, ``Message:``, ``Context:``, ``Data:``, ``Note:``), else the lines before one that
+    closes it; a one-line text that opens with an instruction and a colon, what follows the colon; else
+    the whole text (then it is its own document).
 
     >>> document_part("Extract the name as JSON.\\nAlice Gomez is 51.")
     'Alice Gomez is 51.'
@@ -128,13 +140,16 @@ def document_part(text: str) -> str:
     'Alice Gomez is 51.'
     >>> document_part("Alice Gomez is 51.")
     'Alice Gomez is 51.'
+    >>> document_part("Return JSON. Fields: name, age. Source: Name: Alice Gomez\\nAge: 51")
+    'Name: Alice Gomez\\nAge: 51'
     """
     lines = text.split("\n")
     filled = [i for i, line in enumerate(lines) if line.strip()]
     if len(filled) >= 2:
         first, last = filled[0], filled[-1]
         if is_instruction(lines[first]):
-            return "\n".join(lines[first + 1:])
+            tail = _labelled_tail(lines[first])
+            return "\n".join(([tail] if tail else []) + lines[first + 1:])
         if is_instruction(lines[last]):
             return "\n".join(lines[:last])
         return text
