@@ -61,7 +61,7 @@ def test_closing_keeps_room_for_the_longest_recent_plan(monkeypatch):
     plan = {"now": []}
     monkeypatch.setattr(closing, "_next_plan", lambda r, remaining: plan["now"])
     row = SimpleNamespace(walker=SimpleNamespace(frozen_tokens=[]), budget=100, committed=0, closing_est=None,
-                          plan_lens=[])
+                          plan_lens=[], must_close=False)
 
     def room(committed, plan_len):
         row.committed, row.walker.frozen_tokens, plan["now"] = committed, [0] * committed, [5] * plan_len
@@ -71,3 +71,43 @@ def test_closing_keeps_room_for_the_longest_recent_plan(monkeypatch):
     assert room(60, 20) == 99 - 60 - 20 - m          # inside an element: twenty tokens to close
     assert room(70, 2) == 99 - 70 - 20 - m           # at the boundary: room for another element, not 99-70-2-m
     assert room(70 + closing.PEAK_WINDOW + 1, 2) == max(0, 99 - 70 - closing.PEAK_WINDOW - 1 - 2 - m)
+
+
+def test_a_run_that_would_leave_no_plan_in_budget_is_cut_and_the_row_closes(tok_runtime):
+    """One canvas step near the end may accept tokens that lengthen the closing plan by more than they
+    use: here the first letters of a long grounded word (the rest is forced) inside a new array element,
+    with two required fields still to write. Capped only by the room, the row went past the point where
+    any plan fits and ran out of every budget (a held-out record of evaluate_splits fell back to AR).
+    The run is cut to a prefix that leaves a plan in budget, and the row closes from there."""
+    from dgemma_struct.grounding import compile_grounded
+    from dgemma_struct.guide.rows import RowState
+
+    tok = tok_runtime.tokenizer
+    src = "Service cat. Rules urlhost and bootstrap and channel info netprofilezookeeperwithalongtail."
+    schema = {"type": "object", "properties": {"rules": {"type": "array", "items": {"type": "string"}},
+                                               "channel": {"type": "string"}, "service": {"type": "string"}},
+              "required": ["channel", "service"], "additionalProperties": False}
+    c = compile_grounded(schema, tok, source=src, ground="all", stop_token_ids=tok_runtime.eos_token_ids)
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    prefix = enc('{"rules":["urlhost","bootstrap","channel info')
+    run = enc(" netprofilezookeeperwithalongtail")
+    w = c.canvas_walker()
+    w.commit(prefix)
+    quote, bracket, byte_ids, byte_values = closing.closer_ids(w)
+    short = closing.closing_plan(w, quote, bracket, 64, byte_ids, byte_values)     # '"],"channel":"...'
+    budget = len(prefix) + len(short) + closing.CLOSING_MARGIN + 3 + 1             # room 2..3, stop included
+    row = RowState(walker=w, budget=budget)
+    room, plan = closing.free_room(row, None)
+    assert 0 < room < len(plan)
+    late = c.canvas_walker()                                  # what the room alone let through
+    late.commit(prefix + run[:room])
+    late.commit(late.forced_tokens(64))
+    left = budget - 1 - len(late.frozen_tokens)
+    assert closing.closing_plan(late, quote, bracket, max(left - closing.CLOSING_MARGIN, 0), byte_ids,
+                                byte_values) is None
+    got = closing.cap_run(row, list(run), None)
+    assert len(got) < room and row.must_close and w.frozen_tokens == prefix        # tried, rolled back
+    assert closing.free_room(row, None)[0] == 0                                    # it closes now
+    w.commit(got)
+    left = budget - 1 - len(w.frozen_tokens)
+    assert closing.closing_plan(w, quote, bracket, left, byte_ids, byte_values) is not None

@@ -38,12 +38,7 @@ def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None 
     (and, in a canvas ``(index, length)``, before the last position the budget reaches) minus the
     plan's length and ``margin``."""
     w = row.walker
-    remaining = row.budget - 1 - row.committed  # before the stop token
-    if canvas is not None:
-        # positions, too: padding inside an output (an empty fill) uses canvas positions
-        idx, L = canvas
-        positions_left = -(-row.budget // L) * L - (idx * L + row.n_frozen) - 1
-        remaining = min(remaining, positions_left)
+    remaining = _remaining(row, canvas)
     margin = CLOSING_MARGIN if margin is None else margin
     if remaining > FAR_FROM_END:  # far from the end: skip the estimate
         return remaining, []
@@ -53,7 +48,19 @@ def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None 
     plan = row.closing_est[1]
     if plan is None:  # no plan fits
         return 0, None
+    if row.must_close:
+        return 0, plan
     return max(0, remaining - _plan_peak(row, len(plan)) - margin), plan
+
+
+def _remaining(row: RowState, canvas: tuple[int, int] | None) -> int:
+    """Tokens the row may still commit before its stop token (and, in a canvas ``(index, length)``,
+    before the last position its budget reaches: padding inside an output uses positions too)."""
+    remaining = row.budget - 1 - row.committed
+    if canvas is not None:
+        idx, L = canvas
+        remaining = min(remaining, -(-row.budget // L) * L - (idx * L + row.n_frozen) - 1)
+    return remaining
 
 
 def _plan_peak(row: RowState, n: int) -> int:
@@ -107,6 +114,44 @@ def steer_to_close(row: RowState, logits: torch.Tensor, canvas: tuple[int, int] 
 
 def cap_run(row: RowState, tokens: list[int], canvas: tuple[int, int] | None, margin: int | None = None) -> list[int]:
     """Commits in one step stop at the start of the closing window (one canvas step can accept
-    many positions at once, and the plan is only known from the frontier)."""
-    room, _ = free_room(row, canvas, margin)
-    return tokens if room == 0 else tokens[:room]
+    many positions at once, and the plan is only known from the frontier). Inside the last plan's
+    length, a run is cut further to its longest prefix after which (and after the tokens the grammar
+    then forces) a closing plan still fits: one token can lengthen the plan by more than it uses (the
+    first letters of a grounded span's long word force the rest of it, a new array element needs
+    its own closing), and a row that passed that point ran out of every budget. The row then closes."""
+    room, plan = free_room(row, canvas, margin)
+    if room == 0:
+        return tokens
+    run = tokens[:room]
+    if plan and room < len(plan) and run:
+        k = _fitting_prefix(row, run, _remaining(row, canvas), CLOSING_MARGIN if margin is None else margin)
+        if k < len(run):
+            row.must_close = True
+            run = run[:k]
+    return run
+
+
+def _fitting_prefix(row: RowState, run: list[int], remaining: int, margin: int) -> int:
+    """The longest prefix of ``run`` after which a closing plan still fits in ``remaining`` (a stop
+    token in the run ends the output: it fits). Tried on the row's walker, rolled back after."""
+    w = row.walker
+    stops = set(w.stop_token_ids)
+    base = len(w.frozen_tokens)
+    run = run[:w.walk(run).n_valid]
+    for k in range(len(run), 0, -1):
+        if run[k - 1] in stops:
+            return k
+        w.commit(run[:k])
+        try:
+            forced = w.forced_tokens(max(0, remaining - k))
+            if forced and forced[-1] in stops:
+                return k
+            w.commit(forced)
+            left = remaining - k - len(forced)
+            quote, bracket, byte_ids, byte_values = closer_ids(w)
+            plan = closing_plan(w, quote, bracket, left, byte_ids, byte_values) if left > 0 else None
+            if plan is not None and len(plan) + margin <= left:
+                return k
+        finally:
+            w.rollback(len(w.frozen_tokens) - base)
+    return 0

@@ -32,6 +32,7 @@ class RowState:
     dead_end: bool = False               # no progress for ``stall_steps`` steps, or nothing allowed
     no_allowed: bool = False             # the grammar allows no token at the frontier: the row was ended
     closing: bool = False                # the row entered its budget-closing window
+    must_close: bool = False             # a commit would have left no closing plan in budget: close now
     cut: bool = False                    # dropped by ``stop`` (the output is not a value)
     cut_at: int | None = None            # canvas position of a cut / ended row's EOS, until written
     closing_est: tuple | None = None     # (walker length, closing plan or None): the cached estimate
