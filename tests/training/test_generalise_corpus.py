@@ -167,3 +167,17 @@ def test_short_records_copy_their_values_validate_and_mostly_end_in_their_number
         return isinstance(list(e["fields"].values())[-1], (int, float)) and at[-1] == max(at)
     assert sum(map(number_last, recs)) > len(recs) / 2
     assert any(e["fields"].get("age") is not None and len(e["fields"]) == 2 for e in recs)
+
+
+def test_table_records_are_training_extractions_laid_out_as_a_table():
+    from dgemma_struct.training.generalise import table_record_corpus
+    from dgemma_struct.training.schemas import families
+
+    recs = table_record_corpus(200, seed=2)
+    assert recs == table_record_corpus(200, seed=2) and recs != table_record_corpus(200, seed=3)
+    train_fams = set(families("train"))
+    for e in recs:
+        value = json.loads(e["answer"])
+        jsonschema.validate(value, e["schema"])
+        assert "|---" in e["prompt"] and e["split"] == "train", e["prompt"]
+        assert e["template"] in render.templates("train") and e["family"] in train_fams   # never held out

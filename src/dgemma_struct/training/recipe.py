@@ -184,14 +184,15 @@ def self_condition_logits(model, kwargs: dict, noisy: torch.Tensor, recipe: Diff
 
 
 def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, mix: float,
-                 fresh_names: float = 0.0, short_records: float = 0.0) -> list[dict]:
+                 fresh_names: float = 0.0, short_records: float = 0.0, tables: float = 0.0) -> list[dict]:
     """``size`` examples of corpus ``name``; with ``mix`` > 0 that share of them is the original
     corpus (``makers["default"]``: families, tool calls, short answers, thinking), shuffled in;
     ``fresh_names`` of those original examples name their people with invented names
     (:func:`~dgemma_struct.training.generalise.fresh_names`: its 70 listed names otherwise make a
     copy after any other name fail); ``short_records`` of the corpus are two- or three-field
     records in one sentence that end in a number
-    (:func:`~dgemma_struct.training.generalise.short_record_example`).
+    (:func:`~dgemma_struct.training.generalise.short_record_example`); ``tables`` of it are extraction
+    records laid out as a Markdown table (:func:`~dgemma_struct.training.generalise.table_record_corpus`).
 
     >>> from dgemma_struct.training.corpus import make_corpus
     >>> len(mixed_corpus({"default": make_corpus}, "default", 10, 0, 0.5))
@@ -205,12 +206,18 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
         raise InvalidRequestError(f"fresh_names must be in [0, 1], got {fresh_names!r}")
     if not 0 <= short_records < 1 - mix:
         raise InvalidRequestError(f"short_records must be in [0, 1 - mix), got {short_records!r}")
-    n_orig, n_short = round(size * mix), round(size * short_records)
-    out = makers[name](size - n_orig - n_short, seed=seed)
+    if not 0 <= tables < 1 - mix - short_records:
+        raise InvalidRequestError(f"tables must be in [0, 1 - mix - short_records), got {tables!r}")
+    n_orig, n_short, n_tables = round(size * mix), round(size * short_records), round(size * tables)
+    out = makers[name](size - n_orig - n_short - n_tables, seed=seed)
     if n_short:
         from dgemma_struct.training.generalise import short_record_corpus
 
         out = out + short_record_corpus(n_short, seed=seed)
+    if n_tables:
+        from dgemma_struct.training.generalise import table_record_corpus
+
+        out = out + table_record_corpus(n_tables, seed=seed)
     if n_orig:
         orig = makers["default"](n_orig, seed=seed + 1)
         if fresh_names:
@@ -219,7 +226,7 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
             r = random.Random(f"{seed}:fresh_names")
             orig = [rename(r, e) if r.random() < fresh_names else e for e in orig]
         out = out + orig
-    if n_orig or n_short:
+    if n_orig or n_short or n_tables:
         random.Random(seed).shuffle(out)
     return out
 
