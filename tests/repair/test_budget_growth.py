@@ -73,14 +73,8 @@ def test_closing_keeps_room_for_the_longest_recent_plan(monkeypatch):
     assert room(70 + closing.PEAK_WINDOW + 1, 2) == max(0, 99 - 70 - closing.PEAK_WINDOW - 1 - 2 - m)
 
 
-def test_a_run_that_would_leave_no_plan_in_budget_is_cut_and_the_row_closes(tok_runtime):
-    """One canvas step near the end may accept tokens that lengthen the closing plan by more than they
-    use: here the first letters of a long grounded word (the rest is forced) inside a new array element,
-    with two required fields still to write. Capped only by the room, the row went past the point where
-    any plan fits and ran out of every budget (a held-out record of evaluate_splits fell back to AR).
-    The run is cut to a prefix that leaves a plan in budget, and the row closes from there."""
+def _grounded_near_the_end(tok_runtime):
     from dgemma_struct.grounding import compile_grounded
-    from dgemma_struct.guide.rows import RowState
 
     tok = tok_runtime.tokenizer
     src = "Service cat. Rules urlhost and bootstrap and channel info netprofilezookeeperwithalongtail."
@@ -90,11 +84,23 @@ def test_a_run_that_would_leave_no_plan_in_budget_is_cut_and_the_row_closes(tok_
     c = compile_grounded(schema, tok, source=src, ground="all", stop_token_ids=tok_runtime.eos_token_ids)
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     prefix = enc('{"rules":["urlhost","bootstrap","channel info')
-    run = enc(" netprofilezookeeperwithalongtail")
     w = c.canvas_walker()
     w.commit(prefix)
-    quote, bracket, byte_ids, byte_values = closing.closer_ids(w)
-    short = closing.closing_plan(w, quote, bracket, 64, byte_ids, byte_values)     # '"],"channel":"...'
+    cands = closing.closer_ids(w)
+    short = closing.closing_plan(w, cands[0], cands[1], 64, cands[2], cands[3])     # '"],"channel":"...'
+    return c, w, enc, prefix, cands, short
+
+
+def test_a_run_that_would_leave_no_plan_in_budget_is_cut_and_the_row_closes(tok_runtime):
+    """One canvas step near the end may accept tokens that lengthen the closing plan by more than they
+    use: here the first letters of a long grounded word (the rest is forced) inside a new array element,
+    with two required fields still to write. Capped only by the room, the row went past the point where
+    any plan fits and ran out of every budget (a held-out record of evaluate_splits fell back to AR).
+    The run is cut to a prefix that leaves a plan in budget, and the row closes from there."""
+    from dgemma_struct.guide.rows import RowState
+
+    c, w, enc, prefix, (quote, bracket, byte_ids, byte_values), short = _grounded_near_the_end(tok_runtime)
+    run = enc(" netprofilezookeeperwithalongtail")
     budget = len(prefix) + len(short) + closing.CLOSING_MARGIN + 3 + 1             # room 2..3, stop included
     row = RowState(walker=w, budget=budget)
     room, plan = closing.free_room(row, None)
@@ -111,3 +117,35 @@ def test_a_run_that_would_leave_no_plan_in_budget_is_cut_and_the_row_closes(tok_
     w.commit(got)
     left = budget - 1 - len(w.frozen_tokens)
     assert closing.closing_plan(w, quote, bracket, left, byte_ids, byte_values) is not None
+
+
+def test_ar_near_the_end_never_takes_a_token_after_which_no_plan_fits(tok_runtime, monkeypatch):
+    """The AR side: the model's favourite (the first token of a long grounded word, the rest forced) is
+    masked out near the end when no closing plan would fit after it; the runner-up that keeps one is
+    taken. When none of the top tokens keeps one, the row closes now."""
+    import torch
+
+    from dgemma_struct.guide.constraint_guide import ConstraintGuide
+
+    c, w, enc, prefix, cands, short = _grounded_near_the_end(tok_runtime)
+    bad, good = enc(" netprofilezookeeperwithalongtail")[0], enc('"')[0]
+    budget = len(short) + closing.CLOSING_MARGIN + 3 + 1
+    V = tok_runtime.model.config.text_config.vocab_size
+    guide = ConstraintGuide([w], pad_token_id=0, budgets=[budget], close_on_budget=True)
+    room, plan = closing.free_room(guide.rows[0], None)
+    assert 0 < room < len(plan)
+    logits = torch.zeros(1, V)
+    logits[0, bad], logits[0, good] = 5.0, 4.0
+    guide.mask_ar_logits(logits, torch.ones(1, dtype=torch.bool))
+    assert logits[0, bad] == float("-inf") and int(logits.argmax()) == good and not guide.rows[0].must_close
+    assert w.frozen_tokens == prefix                                               # tried, rolled back
+    guide.drain()
+    # none of the tokens checked keeps a plan: the row closes along its plan
+    monkeypatch.setattr(closing, "NEAR_END_CHECKED", 1)
+    guide = ConstraintGuide([c.canvas_walker()], pad_token_id=0, budgets=[budget + len(prefix)], close_on_budget=True)
+    guide.rows[0].walker.commit(prefix)
+    logits = torch.zeros(1, V)
+    logits[0, bad] = 5.0
+    guide.mask_ar_logits(logits, torch.ones(1, dtype=torch.bool))
+    assert guide.rows[0].must_close and int(logits.argmax()) == guide.rows[0].closing_est[1][0]
+    guide.drain()

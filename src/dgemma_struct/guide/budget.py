@@ -31,6 +31,7 @@ CLOSING_MARGIN = 2      # tokens kept free beyond the plan (forced keys and brac
 FAR_FROM_END = 96       # more tokens left than this: no plan is estimated
 PLAN_BONUS = 1e4        # added to a plan token's (masked) logit
 PEAK_WINDOW = 48        # commits over which the longest closing plan counts (:func:`_plan_peak`)
+NEAR_END_CHECKED = 4    # AR near the end: the top tokens checked for a closing plan (:func:`keep_a_plan`)
 
 def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None = None) -> tuple[int, list[int] | None]:
     """``(tokens the row may still commit freely, its closing plan)``. Room 0 means: close now,
@@ -155,3 +156,23 @@ def _fitting_prefix(row: RowState, run: list[int], remaining: int, margin: int) 
         finally:
             w.rollback(len(w.frozen_tokens) - base)
     return 0
+
+
+def keep_a_plan(row: RowState, logits: torch.Tensor, canvas: tuple[int, int] | None, margin: int | None = None) -> None:
+    """The AR side of :func:`cap_run`. Near the end (``0 < room <`` the plan's length), the top
+    :data:`NEAR_END_CHECKED` tokens of ``logits`` (``[1, V]``, masked) after which no closing plan
+    fits are masked out; when none of them fits, the row closes now (steered along its plan). One
+    host read per AR step, only in that window."""
+    room, plan = free_room(row, canvas, margin)
+    if not room or not plan or room >= len(plan):
+        return
+    vals, idx = logits[0].topk(min(NEAR_END_CHECKED, logits.shape[-1]))
+    top = [t for t, v in zip(idx.tolist(), vals.tolist()) if v != float("-inf")]
+    m = CLOSING_MARGIN if margin is None else margin
+    left = _remaining(row, canvas)
+    bad = [t for t in top if _fitting_prefix(row, [t], left, m) == 0]
+    if bad and len(bad) == len(top):
+        row.must_close = True
+        steer_to_close(row, logits, canvas, margin)
+    elif bad:
+        logits[0, bad] = float("-inf")

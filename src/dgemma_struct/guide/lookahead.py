@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from dgemma_struct.guide.budget import free_room, steer_to_close
+from dgemma_struct.guide.budget import free_room, keep_a_plan, steer_to_close
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.kernels import apply_token_bitmask_
 from dgemma_struct.options import check_deadline
@@ -111,7 +111,8 @@ class ARMasking:
             apply_token_bitmask_(logits, masks, indices=torch.tensor(rows, dtype=torch.long, device=logits.device))
         if self.close_on_budget:
             for b in rows:
-                steer_to_close(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window)
+                if not steer_to_close(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window):
+                    keep_a_plan(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window)
         if any(r.lp_top is not None for r in self.rows):
             self.lp.ar_logits = logits   # entries are computed at ar_token, for the rows that record
         self._timed(t0)
