@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import logging
+import logging.handlers
 import numbers
 import threading
 import time
@@ -46,40 +47,17 @@ def _line(err: BaseException) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-class _Held(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.NOTSET)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @contextlib.contextmanager
 def _quiet_loading() -> Iterator[None]:
     """transformers' output while it loads weights. The "Loading weights" bar only when logging asks
     for it (``dgemma_struct`` at INFO); its log records held and emitted only when the load returns:
     transformers logs its multi-line load report in a ``finally``, so a Ctrl-C (or a failed load) would
-    print it before the one-line error.
-
-    >>> import logging
-    >>> seen = []
-    >>> class Keep(logging.Handler):
-    ...     def emit(self, record): seen.append(record.getMessage())
-    >>> hf = logging.getLogger("transformers"); hf.addHandler(keep := Keep())
-    >>> with _quiet_loading():
-    ...     logging.getLogger("transformers.modeling_utils").warning("report")
-    ...     seen
-    []
-    >>> seen
-    ['report']
-    >>> hf.removeHandler(keep)
-    """
+    print it before the one-line error (tests/runtime/test_quiet_loading.py)."""
     from transformers.utils import logging as hf_logging
 
     quiet = hf_logging.is_progress_bar_enabled() and not logging.getLogger("dgemma_struct").isEnabledFor(logging.INFO)
     hf = logging.getLogger("transformers")
-    handlers, propagate, held = hf.handlers[:], hf.propagate, _Held()
+    handlers, propagate, held = hf.handlers[:], hf.propagate, logging.handlers.BufferingHandler(1 << 30)
     for h in handlers:
         hf.removeHandler(h)
     hf.addHandler(held)
@@ -95,7 +73,7 @@ def _quiet_loading() -> Iterator[None]:
         for h in handlers:
             hf.addHandler(h)
         hf.propagate = propagate
-    for record in held.records:   # reached only when the load returned
+    for record in held.buffer:   # reached only when the load returned
         hf.handle(record)
 
 

@@ -10,9 +10,9 @@ are reused across calls up to the first position whose token changed.
 Bitmask layout: int32 words, ``ceil(V/32)`` per row, token ``t`` allowed iff
 ``(row[t >> 5] >> (t & 31)) & 1`` (llguidance / vLLM / SGLang layout).
 
-Engine faults are never silent: a matcher in its error state, a ``consume_tokens`` that refuses
-tokens its own mask allowed, or an **all-zero mask row** (no token at all allowed at a position, e.g.
-a lexer limit hit deep in a huge schema) raise :class:`~dgemma_struct.errors.ConstraintEngineError`
+Engine faults are never silent: a matcher in its error state, a ``consume_tokens`` that refuses tokens
+its own mask allowed (again after a rebuild: :class:`~.cursor.StaleMaskError`), or an all-zero mask row
+(no token allowed at a position: a lexer limit deep in a huge schema) raise ``ConstraintEngineError``
 from :meth:`CanvasWalker.walk` / :meth:`CanvasWalker.commit` -- a walk never returns a row without an
 allowed token, so no caller ever samples from an empty mask (NaN).
 No matcher is copied per step (a copy is O(output length); they move by rollback, :mod:`.cursor`),
@@ -274,8 +274,8 @@ class CanvasWalker:
     def walk(self, draft: Sequence[int]) -> WalkResult:
         """Check ``draft`` (the tokens at positions ``frontier, frontier+1, ...``).
 
-        Raises :class:`ConstraintEngineError` when the matcher is in its error state, refuses
-        tokens its mask allowed, or a mask row allows no token at all (never a silent zero row)."""
+        Raises :class:`ConstraintEngineError` when the matcher is in its error state, refuses tokens
+        its mask allowed (after one rebuild), or a mask row allows no token at all (never a zero row)."""
         with engine_guard("computing canvas masks"):
             try:
                 return self._walk(draft)
@@ -284,15 +284,12 @@ class CanvasWalker:
                 return self._walk(draft)
 
     def _walk(self, draft: Sequence[int]) -> WalkResult:
-        if hasattr(draft, "tolist"):
-            draft = draft.tolist()
-        draft = list(draft)
+        draft = draft.tolist() if hasattr(draft, "tolist") else list(draft)
         V = self.vocab_size
         # tokens outside the vocabulary can never be valid: truncate there
         draft = draft[:next((i for i, t in enumerate(draft) if t < 0 or t >= V), len(draft))]
         self._ensure_rows(len(draft) + 1)
-        buf = self._buf
-        base = self._base
+        buf, base = self._buf, self._base
 
         if self._frozen_eos:
             buf[base] = self._stop_row
@@ -384,9 +381,7 @@ class CanvasWalker:
         if max_n <= 0 or self._frozen_eos:
             return []
         m = self._frozen
-        out: list[int] = []
-        if not m.is_stopped():
-            out = list(m.compute_ff_tokens())[:max_n]
+        out: list[int] = [] if m.is_stopped() else list(m.compute_ff_tokens())[:max_n]
         if len(out) < max_n:
             k = len(out)
             if 0 < k <= len(self._path) - self._path_eos and self._path[:k] == out:

@@ -215,8 +215,8 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     ``"embedded"``, the shipped one) starts from its weights and tokenizer; ``mix`` is the share of
     the corpus drawn from the original one, ``fresh_names`` the share of those whose people get
     invented names, ``short_records`` the share of two- or three-field records in one sentence
-    ending in a number, ``tables`` the share of extraction records laid out as a Markdown table; the learning rate warms up over ``warmup`` steps, then
-    decays by a cosine to ``lr_floor * lr``; a checkpoint every ``checkpoint_every`` steps (with
+    ending in a number, ``tables`` the share of extraction records laid out as a Markdown table; the
+    learning rate warms up over ``warmup`` steps, then decays by a cosine to ``lr_floor * lr``; a checkpoint every ``checkpoint_every`` steps (with
     ``keep_checkpoints`` also the model alone in ``step_NNNNN/``). The diffusion objective:
     ``diffusion_views``, ``diffusion_weight``, ``t_dist``, ``self_condition``, ``sc_like_inference``,
     ``prefix``, ``frontier``, ``frontier_weight`` (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`).
