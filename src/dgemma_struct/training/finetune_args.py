@@ -17,9 +17,8 @@ from dgemma_struct.training.recipe import T_DISTS
 
 #: flag dest -> train() keyword (the same names)
 FINETUNE_KNOBS = ("init_from", "mix", "fresh_names", "short_records", "tables", "warmup", "lr_floor",
-                  "checkpoint_every",
-                  "keep_checkpoints", "diffusion_views", "diffusion_weight", "t_dist", "self_condition",
-                  "sc_like_inference", "prefix", "frontier", "frontier_weight", "grow_depth")
+                  "checkpoint_every", "keep_checkpoints", "diffusion_views", "diffusion_weight", "t_dist",
+                  "self_condition", "sc_like_inference", "prefix", "frontier", "frontier_weight", "grow_depth")
 
 
 _fraction = bounded(float, 0, 1)

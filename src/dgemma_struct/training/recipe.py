@@ -208,16 +208,15 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
         raise InvalidRequestError(f"short_records must be in [0, 1 - mix), got {short_records!r}")
     if not 0 <= tables < 1 - mix - short_records:
         raise InvalidRequestError(f"tables must be in [0, 1 - mix - short_records), got {tables!r}")
-    n_orig, n_short, n_tables = round(size * mix), round(size * short_records), round(size * tables)
-    out = makers[name](size - n_orig - n_short - n_tables, seed=seed)
-    if n_short:
-        from dgemma_struct.training.generalise import short_record_corpus
+    from dgemma_struct.training.generalise import short_record_corpus, table_record_corpus
 
-        out = out + short_record_corpus(n_short, seed=seed)
-    if n_tables:
-        from dgemma_struct.training.generalise import table_record_corpus
-
-        out = out + table_record_corpus(n_tables, seed=seed)
+    n_orig = round(size * mix)
+    extras = [(round(size * share), make) for share, make in ((short_records, short_record_corpus),
+                                                              (tables, table_record_corpus))]
+    out = makers[name](size - n_orig - sum(n for n, _ in extras), seed=seed)
+    for n, make in extras:
+        if n:
+            out = out + make(n, seed=seed)
     if n_orig:
         orig = makers["default"](n_orig, seed=seed + 1)
         if fresh_names:
@@ -226,7 +225,7 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
             r = random.Random(f"{seed}:fresh_names")
             orig = [rename(r, e) if r.random() < fresh_names else e for e in orig]
         out = out + orig
-    if n_orig or n_short or n_tables:
+    if n_orig or any(n for n, _ in extras):
         random.Random(seed).shuffle(out)
     return out
 

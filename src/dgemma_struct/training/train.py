@@ -186,8 +186,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
           threads: int = 2, log_every: int = 25, resume: bool = False, device: str | torch.device = "auto",
           dtype: str | torch.dtype | None = "auto", corpus: str = "default", init_from: str | Path | None = None,
           mix: float = 0.0, fresh_names: float = 0.0, short_records: float = 0.0, tables: float = 0.0,
-          warmup: int = 150,
-          lr_floor: float = 0.1, checkpoint_every: int = 250,
+          warmup: int = 150, lr_floor: float = 0.1, checkpoint_every: int = 250,
           keep_checkpoints: bool = False, diffusion_views: int = 1, diffusion_weight: float = 1.0,
           t_dist: str = "uniform", self_condition: float = 0.5, sc_like_inference: bool = False,
           prefix: float = 0.0, frontier: float = 0.0, frontier_weight: float = 0.0,
@@ -216,8 +215,9 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     the corpus drawn from the original one, ``fresh_names`` the share of those whose people get
     invented names, ``short_records`` the share of two- or three-field records in one sentence
     ending in a number, ``tables`` the share of extraction records laid out as a Markdown table; the
-    learning rate warms up over ``warmup`` steps, then decays by a cosine to ``lr_floor * lr``; a checkpoint every ``checkpoint_every`` steps (with
-    ``keep_checkpoints`` also the model alone in ``step_NNNNN/``). The diffusion objective:
+    learning rate warms up over ``warmup`` steps, then decays by a cosine to ``lr_floor * lr``; a
+    checkpoint every ``checkpoint_every`` steps (with ``keep_checkpoints`` also the model alone in
+    ``step_NNNNN/``). The diffusion objective:
     ``diffusion_views``, ``diffusion_weight``, ``t_dist``, ``self_condition``, ``sc_like_inference``,
     ``prefix``, ``frontier``, ``frontier_weight`` (see :class:`~dgemma_struct.training.recipe.DiffusionRecipe`).
     ``grow_depth``: a ``branch_scale`` doubles the ``init_from`` model's layers before training
