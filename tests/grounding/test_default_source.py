@@ -30,6 +30,9 @@ def test_a_document_label_on_the_instruction_line_starts_the_document():
     prompt = "Return only JSON. Fields: customer, total. Source: * Total: 129\n* Customer: Maria Keller"
     assert grounded_sources(prompt) == ("* Total: 129\n* Customer: Maria Keller",)
     assert grounded_sources(f"Read the text and give the total in JSON.\nText: {DOC}") == (f"Text: {DOC}",)
+    # the document starts at the first label: a label word in its own first line stays in it
+    prompt = "Return JSON. Fields: total. Source: Note: 129 paid\nby Maria"
+    assert grounded_sources(prompt) == ("Note: 129 paid\nby Maria",)
     # a label word inside the instruction, with nothing after it, is not a document
     assert grounded_sources(f"Extract the total from the message text:\n{DOC}") == (DOC,)
 

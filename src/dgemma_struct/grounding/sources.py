@@ -119,10 +119,10 @@ _DOC_LABEL = re.compile(r"\b(?:source|text|input|document|message|context|data|n
 
 
 def _labelled_tail(line: str) -> str:
-    """What follows the last document label (``Source:``, ``Text:``, ``Input:`` ...) of an instruction
-    line, or "" (``"Return JSON. Fields: a. Source: a: 7"`` holds the document's first line)."""
-    found = list(_DOC_LABEL.finditer(line))
-    return line[found[-1].end():] if found else ""
+    """What follows the first document label (``Source:``, ``Text:``, ``Input:`` ...) of an instruction
+    line, or "" (``"Return JSON. Fields: a. Source: note: 7"`` holds the document's first line, ``note: 7``)."""
+    found = _DOC_LABEL.search(line)
+    return line[found.end():] if found else ""
 
 
 def document_part(text: str) -> str:
