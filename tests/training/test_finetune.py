@@ -50,6 +50,8 @@ def test_bad_recipe_and_start_checkpoint_are_typed_errors(tmp_path):
         mixed_corpus({}, "default", 10, 0, 0.6, short_records=0.4)
     with pytest.raises(InvalidRequestError, match="tables"):
         mixed_corpus({}, "default", 10, 0, 0.5, short_records=0.1, tables=0.4)
+    with pytest.raises(InvalidRequestError, match="absent"):
+        mixed_corpus({}, "default", 10, 0, 0.5, short_records=0.1, tables=0.2, absent=0.2)
     with pytest.raises(ModelLoadError, match="no checkpoint"):
         train_mod.train(tmp_path / "o", init_from=tmp_path, max_steps=1, corpus_size=20, device="cpu", threads=1)
 
@@ -91,6 +93,10 @@ def test_short_records_take_their_share_from_the_main_corpus_and_keep_the_origin
     assert mixed_corpus(makers, "other", 400, 1, 0.0, short_records=0.0) == makers["other"](400, 1)
     both = mixed_corpus(makers, "other", 400, 1, 0.5, short_records=0.1, tables=0.15)
     assert sum(e["kind"] == "main" for e in both) == 100 and sum("|---" in e.get("prompt", "") for e in both) >= 60
+    three = mixed_corpus(makers, "other", 400, 1, 0.5, short_records=0.1, tables=0.15, absent=0.1)
+    asks_more = [e for e in three if isinstance(e.get("fields"), dict) and e.get("template")
+                 and len(e["schema"]["properties"]) > len(e["fields"])]
+    assert sum(e["kind"] == "main" for e in three) == 60 and len(asks_more) >= 40
 
 
 def test_fine_tune_from_the_shipped_checkpoint_keeps_snapshots_and_resumes(tmp_path):
@@ -222,9 +228,9 @@ def test_recipe_flags_reach_train_and_bad_values_are_one_line_errors():
     add_finetune_arguments(p)
     kw = finetune_kwargs(p.parse_args(["--frontier", "0.5", "--frontier-weight", "2", "--prefix", "0.25",
                                        "--fresh-names", "0.5", "--short-records", "0.1", "--grow-depth", "0.1",
-                                       "--tables", "0.2"]))
+                                       "--tables", "0.2", "--absent", "0.15"]))
     assert (kw["frontier"], kw["frontier_weight"], kw["prefix"], kw["fresh_names"], kw["short_records"],
-            kw["grow_depth"], kw["tables"]) == (0.5, 2.0, 0.25, 0.5, 0.1, 0.1, 0.2)
+            kw["grow_depth"], kw["tables"], kw["absent"]) == (0.5, 2.0, 0.25, 0.5, 0.1, 0.1, 0.2, 0.15)
     assert finetune_kwargs(p.parse_args([]))["grow_depth"] is None
     import inspect
     assert set(kw) <= set(inspect.signature(train_mod.train).parameters)

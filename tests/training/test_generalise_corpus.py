@@ -181,3 +181,24 @@ def test_table_records_are_training_extractions_laid_out_as_a_table():
         jsonschema.validate(value, e["schema"])
         assert "|---" in e["prompt"] and e["split"] == "train", e["prompt"]
         assert e["template"] in render.templates("train") and e["family"] in train_fams   # never held out
+
+
+def test_absent_records_ask_for_optional_fields_the_source_does_not_hold():
+    from dgemma_struct.training.generalise import absent_record_corpus
+    from dgemma_struct.training.schemas import families
+
+    recs = absent_record_corpus(200, seed=2)
+    assert recs == absent_record_corpus(200, seed=2) and recs != absent_record_corpus(200, seed=3)
+    train_fams = set(families("train"))
+    n_absent = []
+    for e in recs:
+        value = json.loads(e["answer"])
+        jsonschema.validate(value, e["schema"])
+        missing = [k for k in e["schema"]["properties"] if k not in value]
+        assert missing and not set(missing) & set(e["schema"]["required"]), e["schema"]
+        assert list(value) == [k for k in e["schema"]["properties"] if k in value]  # the answer keeps schema order
+        assert e["template"] in render.templates("train") and e["family"] in train_fams   # never held out
+        n_absent.append(len(missing))
+    assert {1, 2} <= set(n_absent)
+    # the absent fields sit at drawn places, not always last
+    assert any(list(e["schema"]["properties"])[-1] in json.loads(e["answer"]) for e in recs)

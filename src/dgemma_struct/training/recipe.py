@@ -184,7 +184,8 @@ def self_condition_logits(model, kwargs: dict, noisy: torch.Tensor, recipe: Diff
 
 
 def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, mix: float,
-                 fresh_names: float = 0.0, short_records: float = 0.0, tables: float = 0.0) -> list[dict]:
+                 fresh_names: float = 0.0, short_records: float = 0.0, tables: float = 0.0,
+                 absent: float = 0.0) -> list[dict]:
     """``size`` examples of corpus ``name``; with ``mix`` > 0 that share of them is the original
     corpus (``makers["default"]``: families, tool calls, short answers, thinking), shuffled in;
     ``fresh_names`` of those original examples name their people with invented names
@@ -192,7 +193,9 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
     copy after any other name fail); ``short_records`` of the corpus are two- or three-field
     records in one sentence that end in a number
     (:func:`~dgemma_struct.training.generalise.short_record_example`); ``tables`` of it are extraction
-    records laid out as a Markdown table (:func:`~dgemma_struct.training.generalise.table_record_corpus`).
+    records laid out as a Markdown table (:func:`~dgemma_struct.training.generalise.table_record_corpus`);
+    ``absent`` of it ask for optional fields the source does not hold
+    (:func:`~dgemma_struct.training.generalise.absent_record_corpus`).
 
     >>> from dgemma_struct.training.corpus import make_corpus
     >>> len(mixed_corpus({"default": make_corpus}, "default", 10, 0, 0.5))
@@ -208,11 +211,14 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
         raise InvalidRequestError(f"short_records must be in [0, 1 - mix), got {short_records!r}")
     if not 0 <= tables < 1 - mix - short_records:
         raise InvalidRequestError(f"tables must be in [0, 1 - mix - short_records), got {tables!r}")
-    from dgemma_struct.training.generalise import short_record_corpus, table_record_corpus
+    if not 0 <= absent < 1 - mix - short_records - tables:
+        raise InvalidRequestError(f"absent must be in [0, 1 - mix - short_records - tables), got {absent!r}")
+    from dgemma_struct.training.generalise import absent_record_corpus, short_record_corpus, table_record_corpus
 
     n_orig = round(size * mix)
     extras = [(round(size * share), make) for share, make in ((short_records, short_record_corpus),
-                                                              (tables, table_record_corpus))]
+                                                              (tables, table_record_corpus),
+                                                              (absent, absent_record_corpus))]
     out = makers[name](size - n_orig - sum(n for n, _ in extras), seed=seed)
     for n, make in extras:
         if n:

@@ -216,8 +216,15 @@ def _object(r: random.Random, names: list[str], depth: int, nest_from: list[str]
     return schema, value
 
 
-def draw_record(r: random.Random, family: str, n_fields: int | None = None) -> tuple[dict, dict]:
-    """(schema, value) of one record of ``family``: 2-6 of its fields, plus a nested object now and then."""
+def draw_record(r: random.Random, family: str, n_fields: int | None = None, absent: int = 0) -> tuple[dict, dict]:
+    """(schema, value) of one record of ``family``: 2-6 of its fields, plus a nested object now and then;
+    ``absent`` more optional leaf fields of the family are asked for at drawn places in the schema and
+    left out of the value (the source will not hold them).
+
+    >>> schema, value = draw_record(random.Random(4), "order", absent=2)
+    >>> len(schema["properties"]) - len(value) >= 2
+    True
+    """
     pool = list(family_fields(family))
     k = n_fields or r.choice((2, 3, 3, 4, 4, 5, 6))
     names = r.sample(pool, min(k, len(pool)))
@@ -225,6 +232,12 @@ def draw_record(r: random.Random, family: str, n_fields: int | None = None) -> t
         names.append(r.choice(NEST_NAMES))
     names = list(dict.fromkeys(names))
     schema, value = _object(r, names, 0, families("held_out" if held_out_family(family) else "train"))
+    spare = [n for n in pool if n not in schema["properties"] and field_of(n).kind not in ("object", "array")]
+    if absent and spare:
+        props = list(schema["properties"].items())
+        for name in r.sample(spare, min(absent, len(spare))):
+            props.insert(r.randrange(len(props) + 1), (name, leaf_schema(r, field_of(name))[0]))
+        schema = {**schema, "properties": dict(props)}
     return schema, value
 
 
