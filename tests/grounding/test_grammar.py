@@ -349,3 +349,29 @@ def test_random_nasty_sources_exhaustive(tok, seed):
             assert c.grammar_accepts(text) == (s in expected), (granularity, src, s)
             if s in expected:
                 assert json.loads(text)["v"] == s
+
+
+def test_a_value_is_never_a_field_name_nor_crosses_a_table_cell(tok):
+    """The embedded model copied header cells and labels as values ("initiatorName": "taxons",
+    "hostname": "type |"); the span lexeme leaves out the texts that name a requested field (any
+    case, words joined by spaces, ``_`` or ``-``; nested fields too) and spans over a cell border."""
+    src = ("| taxons | Initiator Name |\n|---|---|\n| requests chat registries | Emil Jensen |\n"
+           "Owner city: Mexico City; size: a|b")
+    schema = {"type": "object", "properties": {
+        "taxons": {"type": "string"}, "initiatorName": {"type": "string"},
+        "owner": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+        "required": ["taxons", "initiatorName", "owner"]}
+    c = compile_grounded(schema, tok, source=src, ground="strings", use_cache=False)
+
+    def accepts(a: str, b: str = "Emil Jensen", city: str = "Mexico City") -> bool:
+        return c.grammar_accepts(json.dumps({"taxons": a, "initiatorName": b, "owner": {"city": city}},
+                                            separators=(",", ":")))
+    assert accepts("requests chat registries") and accepts("requests") and accepts("Emil")
+    for label in ("taxons", "Initiator Name"):
+        assert not accepts(label) and not accepts("Emil Jensen", label), label
+    assert not accepts("requests chat registries", city="city") and not accepts("requests", city="City")
+    assert not accepts("taxons |") and not accepts("chat registries | Emil")
+    assert accepts("a|b") and accepts("Owner city")   # a pipe inside a word, a label inside a longer span
+    # a word that names no field stays a value
+    plain = compile_grounded(one_field(), tok, source="taxons are listed", use_cache=False)
+    assert plain.grammar_accepts(doc("taxons"))

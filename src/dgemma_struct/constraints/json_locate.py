@@ -300,18 +300,22 @@ def _value_keys(value: Any) -> set[str]:
     return set()
 
 
-def _schema_property_names(schema: Any) -> set[str]:
-    """Names under ``properties`` anywhere in a JSON Schema (not the schema's own keywords)."""
+def schema_property_names(schema: Any) -> set[str]:
+    """Names under ``properties`` anywhere in a JSON Schema (not the schema's own keywords).
+
+    >>> sorted(schema_property_names({"properties": {"a": {"properties": {"b": {}}}}, "$defs": {"C": {"properties": {"c": {}}}}}))
+    ['a', 'b', 'c']
+    """
     out: set[str] = set()
     if isinstance(schema, dict):
         props = schema.get("properties")
         if isinstance(props, dict):
             out |= {k for k in props if isinstance(k, str)}
         for v in schema.values():
-            out |= _schema_property_names(v)
+            out |= schema_property_names(v)
     elif isinstance(schema, list):
         for v in schema:
-            out |= _schema_property_names(v)
+            out |= schema_property_names(v)
     return out
 
 
@@ -326,7 +330,7 @@ def junk_paths(value: Any, path: tuple = (), _leak: re.Pattern | None = None, *,
     [('b', 0), ('city',)]
     """
     if _leak is None:
-        names = _value_keys(value) | _schema_property_names(schema)
+        names = _value_keys(value) | schema_property_names(schema)
         keys = sorted((k for k in names if len(k) >= 4), key=len, reverse=True)
         alt = "|".join(map(re.escape, keys))
         _leak = re.compile(f"(?:{alt})(?:{alt})") if keys else re.compile(r"(?!)")

@@ -9,11 +9,12 @@ from typing import Any
 
 import llguidance as llg
 
+from dgemma_struct.constraints.json_locate import schema_property_names
 from dgemma_struct.constraints.json_schema import json_options, prepare_json_schema
 from dgemma_struct.errors import GroundingError, SchemaError
 from dgemma_struct.grounding.candidates import STRING_KWS, constraint_summary, number_candidates, string_candidates
 from dgemma_struct.grounding.schema import Leaf, SchemaView
-from dgemma_struct.grounding.sources import chunk_offsets
+from dgemma_struct.grounding.sources import chunk_offsets, field_labels
 from dgemma_struct.grounding.spec import fmt, strip_markers, schema_types
 
 # The plain path's limits, but without precomputing large lexemes and with more lexer fuel per step:
@@ -229,11 +230,16 @@ class GrammarBuilder(SchemaView):
                 r"EDGE_EVEN: /((.|\n)*[^\\])?(\\\\)*/",
                 r"EDGE_PUNCT_L: /[,;:.!?)\]}]/",
                 r"EDGE_PUNCT_R: /[,;:(\[{]/",
+                r"EDGE_CELL: /[ \t]\|/ | /\|[ \t]/",  # a table's cell border: a value never crosses it
             ]
         body = (f"({' | '.join(subs)}) & /(.|\\n)+/ & ~(EDGE_WS EDGE_ANY) & ~(EDGE_ANY EDGE_WS) "
                 f"& ~(EDGE_ESC EDGE_ANY) & ~(EDGE_EVEN EDGE_ESC) "
                 f"& ~(EDGE_PUNCT_L EDGE_ANY) & ~(EDGE_ANY EDGE_PUNCT_R) "
-                f"& /(.|\\n)*[\\p{{L}}\\p{{N}}](.|\\n)*/")
+                f"& /(.|\\n)*[\\p{{L}}\\p{{N}}](.|\\n)*/ "
+                f"& ~(EDGE_ANY EDGE_CELL EDGE_ANY)")
+        labels = field_labels(self.docs, sorted(schema_property_names(self.root)))
+        if labels:  # a value is never just the name of a field the request asks for
+            body += " & ~(" + " | ".join(_lark_lit(_esc(x)) for x in labels) + ")"
         self.rules.append(f"SPAN_{granularity.upper()}: {body}")
         self.rules.append(f'{name}: "\\"" SPAN_{granularity.upper()} "\\""')
         return name

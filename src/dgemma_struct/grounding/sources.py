@@ -57,6 +57,28 @@ _NUM = re.compile(r"(?<![\w.])(?<!\w-)-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[
 _JSON_NUM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 
 
+_WORD_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def field_labels(docs: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The texts in ``docs`` that name one of the fields ``names``: the name as written, or its words
+    in any case joined by spaces, ``_`` or ``-`` (``initiatorName`` -> ``Initiator Name``), word-aligned.
+
+    >>> field_labels(["| initiator name | taxons |", "se_value: 3"], ["initiatorName", "taxons", "se_value"])
+    ['initiator name', 'taxons', 'se_value']
+    """
+    out: dict[str, None] = {}
+    for name in dict.fromkeys(names):
+        parts = _WORD_PART.findall(name)
+        if not parts:
+            continue
+        pat = re.compile(r"(?<![^\W_])" + r"[ \t_-]*".join(map(re.escape, parts)) + r"(?![^\W_])", re.I)
+        for doc in docs:
+            for m in pat.finditer(doc):
+                out[m.group(0)] = None
+    return list(out)
+
+
 @dataclass(frozen=True)
 class _NumberLit:
     literal: str      # as a JSON number
