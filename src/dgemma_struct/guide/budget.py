@@ -39,8 +39,7 @@ def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None 
     (and, in a canvas ``(index, length)``, before the last position the budget reaches) minus the
     plan's length and ``margin``."""
     w = row.walker
-    remaining = _remaining(row, canvas)
-    margin = CLOSING_MARGIN if margin is None else margin
+    remaining, margin = _left(row, canvas, margin)
     if remaining > FAR_FROM_END:  # far from the end: skip the estimate
         return remaining, []
     key = len(w.frozen_tokens)
@@ -52,6 +51,11 @@ def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None 
     if row.must_close:
         return 0, plan
     return max(0, remaining - _plan_peak(row, len(plan)) - margin), plan
+
+
+def _left(row: RowState, canvas: tuple[int, int] | None, margin: int | None) -> tuple[int, int]:
+    """(:func:`_remaining`, the margin: ``margin`` or :data:`CLOSING_MARGIN`)."""
+    return _remaining(row, canvas), CLOSING_MARGIN if margin is None else margin
 
 
 def _remaining(row: RowState, canvas: tuple[int, int] | None) -> int:
@@ -125,7 +129,7 @@ def cap_run(row: RowState, tokens: list[int], canvas: tuple[int, int] | None, ma
         return tokens
     run = tokens[:room]
     if plan and room < len(plan) and run:
-        k = _fitting_prefix(row, run, _remaining(row, canvas), CLOSING_MARGIN if margin is None else margin)
+        k = _fitting_prefix(row, run, *_left(row, canvas, margin))
         if k < len(run):
             row.must_close = True
             run = run[:k]
@@ -168,8 +172,7 @@ def keep_a_plan(row: RowState, logits: torch.Tensor, canvas: tuple[int, int] | N
         return
     vals, idx = logits[0].topk(min(NEAR_END_CHECKED, logits.shape[-1]))
     top = [t for t, v in zip(idx.tolist(), vals.tolist()) if v != float("-inf")]
-    m = CLOSING_MARGIN if margin is None else margin
-    left = _remaining(row, canvas)
+    left, m = _left(row, canvas, margin)
     bad = [t for t in top if _fitting_prefix(row, [t], left, m) == 0]
     if bad and len(bad) == len(top):
         row.must_close = True
