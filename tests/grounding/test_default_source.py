@@ -29,7 +29,7 @@ def test_a_document_label_on_the_instruction_line_starts_the_document():
     field names before the label stay out."""
     prompt = "Return only JSON. Fields: customer, total. Source: * Total: 129\n* Customer: Maria Keller"
     assert grounded_sources(prompt) == ("* Total: 129\n* Customer: Maria Keller",)
-    assert grounded_sources(f"Read the text and give the total in JSON.\nText: {DOC}") == (f"Text: {DOC}",)
+    assert grounded_sources(f"Read the text and give the total in JSON.\nText: {DOC}") == (DOC,)
     # the document starts at the first label: a label word in its own first line stays in it
     prompt = "Return JSON. Fields: total. Source: Note: 129 paid\nby Maria"
     assert grounded_sources(prompt) == ("Note: 129 paid\nby Maria",)
@@ -65,3 +65,27 @@ def test_no_value_comes_from_the_instruction():
     assert res.sources == (DOC,)
     for span in res.spans:
         assert DOC[span.start:span.end] == span.text and span.text in DOC
+
+
+@pytest.mark.parametrize("prompt", [
+    # an instruction line then a colon: the document starts after it, its first line kept (it was lost)
+    "Convert to JSON with fields customer and total: Customer: Maria Keller\nTotal: 129",
+    "Record this order: Customer: Maria Keller\nTotal: 129",
+    # several instruction lines close the text
+    "Customer: Maria Keller\nTotal: 129\nExtract: customer and total\nFormat: JSON",
+    # lead-ins before the verb
+    "From the text, pull out customer and total.\nCustomer: Maria Keller\nTotal: 129",
+    "Can you extract the order data? Fields: customer and total.\nCustomer: Maria Keller\nTotal: 129",
+    "Using only the text, fill in customer and total.\nCustomer: Maria Keller\nTotal: 129",
+    "Structured output please: customer, total.\nCustomer: Maria Keller\nTotal: 129",
+    # what introduces the document: a short line ending in a colon, a label opening it
+    "Here is an order record:\nCustomer: Maria Keller\nTotal: 129\nGive me a JSON object with customer and total.",
+    "Document:\nCustomer: Maria Keller\nTotal: 129\n\nTask: extract customer, total. Respond with JSON.",
+    "Given: Customer: Maria Keller\nTotal: 129\nOutput a JSON object containing customer and total.",
+    "Return customer and total as JSON.\n\nInput:\nCustomer: Maria Keller\nTotal: 129",
+])
+def test_the_document_is_the_record_whatever_the_phrasing(prompt):
+    """Phrasings of the held-out evaluation templates (issue #33): the default source is exactly the
+    record's lines -- no instruction words, key lists or labels that introduce it, none of its lines lost."""
+    assert grounded_sources(prompt) == ("Customer: Maria Keller\nTotal: 129",)
+

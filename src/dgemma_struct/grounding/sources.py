@@ -122,10 +122,15 @@ def _user_texts(prompt: Any) -> list[str]:
     raise InvalidRequestError(f"a prompt must be text or a list of chat messages, not {type(prompt).__name__}")
 
 
-#: how an instruction opens (an imperative or a question word), besides naming JSON anywhere
-_INSTRUCTION = re.compile(r"\s*(?:please\s+)?(?:extract|return|convert|give|classify|list|fill|parse|output|produce|"
-                          r"answer|write|find|identify|summari[sz]e|tell|provide|get|pull|read|turn|format|create|"
-                          r"generate|make|put|build|respond|reply|what|which|who|when|where|how)\b", re.I)
+#: how an instruction opens (an imperative or a question word, after an optional lead-in: "please",
+#: "can you", "from the text,", ...), besides naming JSON anywhere
+_INSTRUCTION = re.compile(
+    r"\s*(?:please\s+|(?:can|could|would|will)\s+you\s+(?:please\s+)?|i\s+(?:need|want)\s+you\s+to\s+|"
+    r"(?:from|using|with|based\s+on)\s+(?:only\s+)?the\s+\w+,\s*)?"
+    r"(?:extract|return|convert|give|classify|list|fill|parse|output|produce|answer|write|find|identify|"
+    r"summari[sz]e|tell|provide|get|pull|read|turn|format|create|generate|make|put|build|respond|reply|capture|"
+    r"record\s+th(?:is|ese|e)|look\s+at|label\s+th(?:is|e)|structured\s+(?:output|data)|"
+    r"what|which|who|when|where|how)\b", re.I)
 
 
 def is_instruction(line: str) -> bool:
@@ -133,11 +138,17 @@ def is_instruction(line: str) -> bool:
 
     >>> is_instruction("Return a JSON object with name and city."), is_instruction("Ada lives in Oslo.")
     (True, False)
+    >>> is_instruction("From the text, pull out name and age."), is_instruction("Can you extract the order?")
+    (True, True)
     """
     return bool(_INSTRUCTION.match(line)) or "json" in line.lower()
 
 
-_DOC_LABEL = re.compile(r"\b(?:source|text|input|document|message|context|data|note)\s*:\s*(?=\S)", re.I)
+_LABELS = r"(?:source|text|input|document|message|context|data|note|given)"
+_DOC_LABEL = re.compile(rf"\b{_LABELS}\s*:\s*(?=\S)", re.I)
+_LEADING_LABEL = re.compile(rf"\s*{_LABELS}\s*:[ \t]*", re.I)
+# the head of "<instruction>: <tail>" that announces a list of keys, not the document
+_KEYS_HEAD = re.compile(r"(?:fields?|keys?|properties|attributes|columns|values|following|please)\W*$", re.I)
 
 
 def _labelled_tail(line: str) -> str:
@@ -147,12 +158,35 @@ def _labelled_tail(line: str) -> str:
     return line[found.end():] if found else ""
 
 
+def _colon_tail(line: str) -> str:
+    """What follows the first ``": "`` of an instruction line (``"Convert to JSON with fields a, b: <document>"``),
+    or "" when there is none or its head announces keys (``"... Fields: a, b."``)."""
+    head, sep, tail = line.partition(": ")
+    return tail if sep and tail.strip() and not _KEYS_HEAD.search(head) else ""
+
+
+def _lead_in_removed(lines: list[str]) -> list[str]:
+    """``lines`` of a document without what introduces it: a short first line ending in a colon (``Here
+    is a person record:``, ``Input:``) and a document label opening the first line (``Text: ...``)."""
+    lines = list(lines)
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if len(lines) > 1 and lines[0].rstrip().endswith(":") and len(lines[0].split()) <= 8:
+        lines.pop(0)
+    if lines:
+        m = _LEADING_LABEL.match(lines[0])
+        if m and lines[0][m.end():].strip():
+            lines[0] = lines[0][m.end():]
+    return lines
+
+
 def document_part(text: str) -> str:
-    """The document of an instruction-and-document text: the lines after an instruction line that opens
-    the text (with what follows a document label on that line: ``Source:``, ``Text:``, ``Input:``,
-    ``Document:``, ``Message:``, ``Context:``, ``Data:``, ``Note:``), else the lines before one that
-    closes it; a one-line text that opens with an instruction and a colon, what follows the colon; else
-    the whole text (then it is its own document).
+    """The document of an instruction-and-document text: after an instruction line that opens the text,
+    the text that follows a document label on it (``Source:``, ``Text:``, ``Input:``, ``Document:``,
+    ``Message:``, ``Context:``, ``Data:``, ``Note:``, ``Given:``), else what follows its first ``": "`` (unless
+    that announces keys: ``"Fields: a, b."``), and the lines after it; else the lines before the instruction
+    lines that close the text. A document loses what introduces it (a short first line ending in a colon, a
+    label opening its first line). Otherwise the whole text is its own document.
 
     >>> document_part("Extract the name as JSON.\\nAlice Gomez is 51.")
     'Alice Gomez is 51.'
@@ -164,19 +198,32 @@ def document_part(text: str) -> str:
     'Alice Gomez is 51.'
     >>> document_part("Return JSON. Fields: name, age. Source: Name: Alice Gomez\\nAge: 51")
     'Name: Alice Gomez\\nAge: 51'
+    >>> document_part("Convert to JSON with fields name and age: name: Alice Gomez\\nage: 51")
+    'name: Alice Gomez\\nage: 51'
+    >>> document_part("Text: Alice Gomez is 51.\\nExtract: name and age\\nFormat: JSON")
+    'Alice Gomez is 51.'
     """
     lines = text.split("\n")
     filled = [i for i, line in enumerate(lines) if line.strip()]
-    if len(filled) >= 2:
-        first, last = filled[0], filled[-1]
-        if is_instruction(lines[first]):
-            tail = _labelled_tail(lines[first])
-            return "\n".join(([tail] if tail else []) + lines[first + 1:])
-        if is_instruction(lines[last]):
-            return "\n".join(lines[:last])
+    if not filled:
         return text
-    head, sep, tail = text.partition(": ")
-    return tail if sep and tail.strip() and "\n" not in head and is_instruction(head) else text
+    first, last = filled[0], filled[-1]
+    if is_instruction(lines[first]):
+        tail = _labelled_tail(lines[first])
+        if tail:  # the label starts the document: a label word of its own first line stays
+            doc = [tail] + lines[first + 1:]
+        else:
+            tail = _colon_tail(lines[first])
+            doc = _lead_in_removed(([tail] if tail else []) + lines[first + 1:])
+    elif len(filled) >= 2 and is_instruction(lines[last]):
+        k = last
+        while k > first and (not lines[k].strip() or is_instruction(lines[k])):
+            k -= 1
+        doc = _lead_in_removed(lines[:k + 1])
+    else:
+        return text
+    out = "\n".join(doc)
+    return out if out.strip() else text
 
 
 def default_sources(prompt: Any) -> list[str]:
