@@ -371,7 +371,36 @@ def test_a_value_is_never_a_field_name_nor_crosses_a_table_cell(tok):
         assert not accepts(label) and not accepts("Emil Jensen", label), label
     assert not accepts("requests chat registries", city="city") and not accepts("requests", city="City")
     assert not accepts("taxons |") and not accepts("chat registries | Emil")
-    assert accepts("a|b") and accepts("Owner city")   # a pipe inside a word, a label inside a longer span
+    # a pipe inside a word; a field name inside a longer value ("Mexico City" beside a city field)
+    assert accepts("a|b") and accepts("Mexico City") and accepts("requests", city="Mexico City")
+    assert not accepts("Owner city")   # "city:" names a field there: not value text
     # a word that names no field stays a value
     plain = compile_grounded(one_field(), tok, source="taxons are listed", use_cache=False)
     assert plain.grammar_accepts(doc("taxons"))
+
+
+def test_a_value_never_spans_a_name_value_separator_nor_a_bullet(tok):
+    """"driver opts: removal headless\n* burst: isolation": a value may not hold "burst: isolation"
+    (a field's name then ``:``, ``=`` or `` - ``), start with a list bullet or end with a dash."""
+    src = "* driver opts: removal headless\n* burst: isolation\n- tr_shipping_base - languages formats\nratio: 3:4"
+    schema = {"type": "object", "properties": {"burst": {"type": "string"}, "driver_opts": {"type": "string"},
+                                               "tr_shipping_base": {"type": "string"}},
+              "required": ["burst", "driver_opts", "tr_shipping_base"]}
+    c = compile_grounded(schema, tok, source=src, ground="strings", use_cache=False)
+
+    def accepts(v: str) -> bool:
+        return c.grammar_accepts(json.dumps({"burst": v, "driver_opts": "removal headless",
+                                             "tr_shipping_base": "languages formats"}, separators=(",", ":")))
+    assert accepts("isolation") and accepts("removal headless") and accepts("languages formats")
+    assert accepts("3:4") and accepts("ratio: 3:4")          # a colon after a word that names no field
+    for bad in ("burst: isolation", "headless\n* burst: isolation", "tr_shipping_base - languages formats",
+                "- tr_shipping_base", "* burst", "isolation\n-", "removal headless\n*"):
+        assert not accepts(bad), bad
+
+
+
+def test_a_source_of_field_names_only_has_no_value_to_offer(tok):
+    schema = {"type": "object", "properties": {"burst": {"type": "string"}, "guid": {"type": "string"}},
+              "required": ["burst"]}
+    with pytest.raises(GroundingError, match="no text of the source"):
+        compile_grounded(schema, tok, source="* burst:\n| guid = |", ground="strings", use_cache=False)

@@ -14,7 +14,7 @@ from dgemma_struct.constraints.json_schema import json_options, prepare_json_sch
 from dgemma_struct.errors import GroundingError, SchemaError
 from dgemma_struct.grounding.candidates import STRING_KWS, constraint_summary, number_candidates, string_candidates
 from dgemma_struct.grounding.schema import Leaf, SchemaView
-from dgemma_struct.grounding.sources import chunk_offsets, field_labels
+from dgemma_struct.grounding.sources import chunk_offsets, field_labels, value_pieces
 from dgemma_struct.grounding.spec import fmt, strip_markers, schema_types
 
 # The plain path's limits, but without precomputing large lexemes and with more lexer fuel per step:
@@ -214,13 +214,19 @@ class GrammarBuilder(SchemaView):
             return name
         name = self.span_terms[granularity] = f"GSTR_{granularity.upper()}"
         subs = []
+        names = sorted(schema_property_names(self.root))
         for i, doc in enumerate(self.docs):
-            chunks = [_esc(doc[s:e]) for s, e in chunk_offsets(doc, granularity)]
-            if not chunks:
-                continue
-            sub = f"SRC_{granularity.upper()}_{i}"
-            self.rules.append(f"{sub}: %regex " + json.dumps({"substring_chunks": chunks}, ensure_ascii=False))
-            subs.append(sub)
+            for j, (ps, pe) in enumerate(value_pieces(doc, names)):
+                piece = doc[ps:pe]
+                chunks = [_esc(piece[s:e]) for s, e in chunk_offsets(piece, granularity)]
+                if not chunks or not any(c.isalnum() for c in piece):
+                    continue
+                sub = f"SRC_{granularity.upper()}_{i}_{j}"
+                self.rules.append(f"{sub}: %regex " + json.dumps({"substring_chunks": chunks}, ensure_ascii=False))
+                subs.append(sub)
+        if not subs:
+            raise GroundingError("no text of the source can be a value: it holds only field names, separators "
+                                 "and table borders")
         if not self._edge_rules:  # shared by both granularities
             self._edge_rules = True
             self.rules += [
@@ -230,14 +236,12 @@ class GrammarBuilder(SchemaView):
                 r"EDGE_EVEN: /((.|\n)*[^\\])?(\\\\)*/",
                 r"EDGE_PUNCT_L: /[,;:.!?)\]}]/",
                 r"EDGE_PUNCT_R: /[,;:(\[{]/",
-                r"EDGE_CELL: /[ \t]\|/ | /\|[ \t]/",  # a table's cell border: a value never crosses it
             ]
         body = (f"({' | '.join(subs)}) & /(.|\\n)+/ & ~(EDGE_WS EDGE_ANY) & ~(EDGE_ANY EDGE_WS) "
                 f"& ~(EDGE_ESC EDGE_ANY) & ~(EDGE_EVEN EDGE_ESC) "
                 f"& ~(EDGE_PUNCT_L EDGE_ANY) & ~(EDGE_ANY EDGE_PUNCT_R) "
-                f"& /(.|\\n)*[\\p{{L}}\\p{{N}}](.|\\n)*/ "
-                f"& ~(EDGE_ANY EDGE_CELL EDGE_ANY)")
-        labels = field_labels(self.docs, sorted(schema_property_names(self.root)))
+                f"& /(.|\\n)*[\\p{{L}}\\p{{N}}](.|\\n)*/")
+        labels = field_labels(self.docs, names)
         if labels:  # a value is never just the name of a field the request asks for
             body += " & ~(" + " | ".join(_lark_lit(_esc(x)) for x in labels) + ")"
         self.rules.append(f"SPAN_{granularity.upper()}: {body}")

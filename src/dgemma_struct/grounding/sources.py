@@ -60,23 +60,60 @@ _JSON_NUM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _WORD_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
+def _label_pattern(names: Sequence[str]) -> re.Pattern | None:
+    """Any of ``names`` as a source may write it: the name, or its words in any case joined by spaces,
+    ``_`` or ``-``; word-aligned."""
+    alts = []
+    for name in dict.fromkeys(names):
+        parts = _WORD_PART.findall(name)
+        if parts:
+            alts.append(r"[ \t_-]*".join(map(re.escape, parts)))
+    if not alts:
+        return None
+    alts.sort(key=len, reverse=True)  # the longest name first: "driver opts" before "driver"
+    return re.compile(r"(?<![^\W_])(?:" + "|".join(alts) + r")(?![^\W_])", re.I)
+
+
 def field_labels(docs: Sequence[str], names: Sequence[str]) -> list[str]:
-    """The texts in ``docs`` that name one of the fields ``names``: the name as written, or its words
-    in any case joined by spaces, ``_`` or ``-`` (``initiatorName`` -> ``Initiator Name``), word-aligned.
+    """The texts in ``docs`` that name one of the fields ``names`` (the name, or its words in any case
+    joined by spaces, ``_`` or ``-``: ``initiatorName`` -> ``Initiator Name``), word-aligned.
 
     >>> field_labels(["| initiator name | taxons |", "se_value: 3"], ["initiatorName", "taxons", "se_value"])
     ['initiator name', 'taxons', 'se_value']
     """
-    out: dict[str, None] = {}
-    for name in dict.fromkeys(names):
-        parts = _WORD_PART.findall(name)
-        if not parts:
-            continue
-        pat = re.compile(r"(?<![^\W_])" + r"[ \t_-]*".join(map(re.escape, parts)) + r"(?![^\W_])", re.I)
-        for doc in docs:
-            for m in pat.finditer(doc):
-                out[m.group(0)] = None
-    return list(out)
+    pat = _label_pattern(names)
+    return list(dict.fromkeys(m.group(0) for doc in docs for m in pat.finditer(doc))) if pat else []
+
+
+_CELL_BORDER = re.compile(r"(?<=\s)\||\|(?=\s)")
+_BULLET = re.compile(r"(?m)^[ \t]*[-*\u2022](?=[ \t])")
+
+
+def value_pieces(doc: str, names: Sequence[str]) -> list[tuple[int, int]]:
+    """``(start, end)`` offsets of the parts of ``doc`` a value may span: ``doc`` cut at what never belongs
+    to a value -- a table's cell borders (a ``|`` beside whitespace), a list item's bullet, and a field
+    name of ``names`` with the separator after it (``burst:``, ``size =``, ``tr_shipping_base -``).
+
+    >>> d = "* burst: isolation\\n| a|b | x |"
+    >>> [d[s:e] for s, e in value_pieces(d, ["burst"])]
+    [' ', ' isolation\\n', ' a|b ', ' x ']
+    """
+    cuts = [m.span() for m in _CELL_BORDER.finditer(doc)] + [m.span() for m in _BULLET.finditer(doc)]
+    pat = _label_pattern(names)
+    if pat is not None:
+        sep = re.compile(r"[ \t]*[:=]|[ \t]+-(?=[ \t])")
+        for m in pat.finditer(doc):
+            after = sep.match(doc, m.end())
+            if after:
+                cuts.append((m.start(), after.end()))
+    out, at = [], 0
+    for s, e in sorted(cuts):
+        if s > at:
+            out.append((at, s))
+        at = max(at, e)
+    if at < len(doc):
+        out.append((at, len(doc)))
+    return out
 
 
 @dataclass(frozen=True)
