@@ -61,7 +61,7 @@ def test_closing_keeps_room_for_the_longest_recent_plan(monkeypatch):
     plan = {"now": []}
     monkeypatch.setattr(closing, "_next_plan", lambda r, remaining: plan["now"])
     row = SimpleNamespace(walker=SimpleNamespace(frozen_tokens=[]), budget=100, committed=0, closing_est=None,
-                          plan_lens=[], must_close=False)
+                          plan_lens=[], must_close=False, plan_hint=None)
 
     def room(committed, plan_len):
         row.committed, row.walker.frozen_tokens, plan["now"] = committed, [0] * committed, [5] * plan_len
@@ -149,3 +149,27 @@ def test_ar_near_the_end_never_takes_a_token_after_which_no_plan_fits(tok_runtim
     guide.mask_ar_logits(logits, torch.ones(1, dtype=torch.bool))
     assert guide.rows[0].must_close and int(logits.argmax()) == guide.rows[0].closing_est[1][0]
     guide.drain()
+
+
+def test_a_long_closing_is_planned_before_the_usual_window(tok_runtime):
+    """A schema whose shortest completion is longer than the window where plans are estimated (its keys
+    alone take most of a 128-token budget on the embedded tokenizer): no plan was estimated while more
+    than 96 tokens were left, one canvas step then committed past the point where any plan fits, and a
+    held-out record of evaluate_splits ended in LengthError. The row's first estimate now tells how long
+    closing takes, and the window starts that much (plus a step) earlier."""
+    from dgemma_struct.guide.rows import RowState
+
+    keys = ["topic_taxonomy_taxons", "named_user_identifier", "averageUtilization", "warnings_as_errors",
+            "container_runtime_version", "self_service_provisioning"]
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in keys}, "required": keys,
+              "additionalProperties": False}
+    w = constraint_for(schema, tok_runtime).canvas_walker()
+    row = RowState(walker=w, budget=128)
+    room, plan = closing.free_room(row, (0, 32))
+    assert len(plan) + closing.CLOSING_MARGIN + 32 > closing.FAR_FROM_END     # the case: a long plan
+    assert plan and room == 127 - len(plan) - closing.CLOSING_MARGIN           # estimated, not "far from the end"
+    assert row.plan_hint == len(plan)
+    # a short schema keeps the usual window: nothing estimated far from the end
+    short = RowState(walker=constraint_for(SCHEMA, tok_runtime).canvas_walker(), budget=128)
+    assert closing.free_room(short, (0, 32)) == (127, [])
+

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from dgemma_struct.guide.rows import RowState
 
 CLOSING_MARGIN = 2      # tokens kept free beyond the plan (forced keys and brackets still fit)
-FAR_FROM_END = 96       # more tokens left than this: no plan is estimated
+FAR_FROM_END = 96       # more tokens left than this (and than a plan and a step need): no plan is estimated
 PLAN_BONUS = 1e4        # added to a plan token's (masked) logit
 PEAK_WINDOW = 48        # commits over which the longest closing plan counts (:func:`_plan_peak`)
 NEAR_END_CHECKED = 4    # AR near the end: the top tokens checked for a closing plan (:func:`keep_a_plan`)
@@ -40,14 +40,19 @@ def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None 
     plan's length and ``margin``."""
     w = row.walker
     remaining, margin = _left(row, canvas, margin)
-    if remaining > FAR_FROM_END:  # far from the end: skip the estimate
-        return remaining, []
     key = len(w.frozen_tokens)
+    if row.plan_hint is None:  # one estimate at the row's start: how long closing may take
+        row.closing_est = (key, _next_plan(row, remaining))
+        row.plan_hint = remaining if row.closing_est[1] is None else len(row.closing_est[1])
+    # far from the end -- further than the longest plan seen plus what one step may commit -- no estimate
+    if remaining > max(FAR_FROM_END, row.plan_hint + margin + (canvas[1] if canvas else 1)):
+        return remaining, []
     if row.closing_est is None or row.closing_est[0] != key:
         row.closing_est = (key, _next_plan(row, remaining))
     plan = row.closing_est[1]
     if plan is None:  # no plan fits
         return 0, None
+    row.plan_hint = max(row.plan_hint, len(plan))
     if row.must_close:
         return 0, plan
     return max(0, remaining - _plan_peak(row, len(plan)) - margin), plan

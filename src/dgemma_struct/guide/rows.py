@@ -36,6 +36,7 @@ class RowState:
     cut: bool = False                    # dropped by ``stop`` (the output is not a value)
     cut_at: int | None = None            # canvas position of a cut / ended row's EOS, until written
     closing_est: tuple | None = None     # (walker length, closing plan or None): the cached estimate
+    plan_hint: int | None = None         # the longest closing plan estimated so far (the first: at the row's start)
     plan_lens: list = field(default_factory=list)  # (committed, plan length) of recent estimates
     id: int = 0                          # the row's index in its guide's ``outcome`` numbering
     canvas0: int = 0                     # the batch's canvas index when the row joined it
