@@ -112,8 +112,10 @@ def test_the_embedded_checkpoint_commits_guided_rows_at_the_frontier_only():
 @pytest.mark.parametrize("key", ["guided_entropy_bound", "guided_confidence_threshold"])
 def test_a_guided_row_commits_fewer_tokens_per_step_and_a_free_row_is_unchanged(runtime, key):
     """Same prompts and seeds; only one guided setting differs (the other as the checkpoint ships
-    it). The free row of a mixed batch decodes exactly as without it; the guided row takes at least
-    as many forwards."""
+    it). The free row of a mixed batch decodes exactly as without it; the guided row commits no more
+    tokens per forward. (Not "at least as many forwards": with the stage 10 checkpoint the free-running
+    row runs on to the budget in 3 forwards, the guided one closes its
+    record in 2.)"""
     prompts = ["Extract the name and age as JSON.\nAda Lind is 34 years old.", "Say hello."]
     spec = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
             "required": ["name", "age"], "additionalProperties": False}
@@ -127,7 +129,8 @@ def test_a_guided_row_commits_fewer_tokens_per_step_and_a_free_row_is_unchanged(
         settings = dataclasses.replace(base, **{key: g})
         out[g] = runtime.generate_batch(prompts, max_new_tokens=48, seed=[1, 2], hook=guide, settings=settings)
     assert out[0.0][1].token_ids == out[None][1].token_ids
-    assert out[0.0][0].stats.forward_passes >= out[None][0].stats.forward_passes
+    guided, free = out[0.0][0].stats, out[None][0].stats
+    assert guided.tokens_per_forward <= free.tokens_per_forward, (guided, free)
 
 
 def test_guided_greedy_decodes_the_guided_row_as_temperature_0_and_the_free_row_as_before(runtime):
