@@ -3,6 +3,7 @@ literals written in a text, where a found value occurs (:class:`GroundedSpan`), 
 document part (the text after its instruction line) as the default source."""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -60,7 +61,8 @@ _JSON_NUM = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _WORD_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
-def _label_pattern(names: Sequence[str]) -> re.Pattern | None:
+@functools.lru_cache(maxsize=64)  # one schema's names serve its labels and its value pieces
+def _label_pattern(names: tuple[str, ...]) -> re.Pattern | None:
     """Any of ``names`` as a source may write it: the name, or its words in any case joined by spaces,
     ``_`` or ``-``; word-aligned."""
     alts = []
@@ -81,12 +83,13 @@ def field_labels(docs: Sequence[str], names: Sequence[str]) -> list[str]:
     >>> field_labels(["| initiator name | taxons |", "se_value: 3"], ["initiatorName", "taxons", "se_value"])
     ['initiator name', 'taxons', 'se_value']
     """
-    pat = _label_pattern(names)
+    pat = _label_pattern(tuple(names))
     return list(dict.fromkeys(m.group(0) for doc in docs for m in pat.finditer(doc))) if pat else []
 
 
 _CELL_BORDER = re.compile(r"(?<=\s)\||\|(?=\s)")
 _BULLET = re.compile(r"(?m)^[ \t]*[-*\u2022](?=[ \t])")
+_NAME_SEP = re.compile(r"[ \t]*[:=]|[ \t]+-(?=[ \t])")  # between a field's name and its value
 
 
 def value_pieces(doc: str, names: Sequence[str]) -> list[tuple[int, int]]:
@@ -99,11 +102,10 @@ def value_pieces(doc: str, names: Sequence[str]) -> list[tuple[int, int]]:
     [' ', ' isolation\\n', ' a|b ', ' x ']
     """
     cuts = [m.span() for m in _CELL_BORDER.finditer(doc)] + [m.span() for m in _BULLET.finditer(doc)]
-    pat = _label_pattern(names)
+    pat = _label_pattern(tuple(names))
     if pat is not None:
-        sep = re.compile(r"[ \t]*[:=]|[ \t]+-(?=[ \t])")
         for m in pat.finditer(doc):
-            after = sep.match(doc, m.end())
+            after = _NAME_SEP.match(doc, m.end())
             if after:
                 cuts.append((m.start(), after.end()))
     out, at = [], 0

@@ -42,20 +42,25 @@ def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None 
     remaining, margin = _left(row, canvas, margin)
     key = len(w.frozen_tokens)
     if row.plan_hint is None:  # one estimate at the row's start: how long closing may take
-        row.closing_est = (key, _next_plan(row, remaining))
-        row.plan_hint = remaining if row.closing_est[1] is None else len(row.closing_est[1])
+        first = _estimate(row, key, remaining)
+        row.plan_hint = remaining if first is None else len(first)
     # far from the end -- further than the longest plan seen plus what one step may commit -- no estimate
     if remaining > max(FAR_FROM_END, row.plan_hint + margin + (canvas[1] if canvas else 1)):
         return remaining, []
-    if row.closing_est is None or row.closing_est[0] != key:
-        row.closing_est = (key, _next_plan(row, remaining))
-    plan = row.closing_est[1]
+    plan = _estimate(row, key, remaining)
     if plan is None:  # no plan fits
         return 0, None
     row.plan_hint = max(row.plan_hint, len(plan))
     if row.must_close:
         return 0, plan
     return max(0, remaining - _plan_peak(row, len(plan)) - margin), plan
+
+
+def _estimate(row: RowState, key: int, remaining: int) -> list[int] | None:
+    """The row's closing plan at walker length ``key`` (cached in ``row.closing_est``)."""
+    if row.closing_est is None or row.closing_est[0] != key:
+        row.closing_est = (key, _next_plan(row, remaining))
+    return row.closing_est[1]
 
 
 def _left(row: RowState, canvas: tuple[int, int] | None, margin: int | None) -> tuple[int, int]:

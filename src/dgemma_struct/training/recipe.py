@@ -207,12 +207,11 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
         raise InvalidRequestError(f"mix must be in [0, 1), got {mix!r}")
     if not 0 <= fresh_names <= 1:
         raise InvalidRequestError(f"fresh_names must be in [0, 1], got {fresh_names!r}")
-    if not 0 <= short_records < 1 - mix:
-        raise InvalidRequestError(f"short_records must be in [0, 1 - mix), got {short_records!r}")
-    if not 0 <= tables < 1 - mix - short_records:
-        raise InvalidRequestError(f"tables must be in [0, 1 - mix - short_records), got {tables!r}")
-    if not 0 <= absent < 1 - mix - short_records - tables:
-        raise InvalidRequestError(f"absent must be in [0, 1 - mix - short_records - tables), got {absent!r}")
+    shares = (("short_records", short_records), ("tables", tables), ("absent", absent))
+    for i, (what, share) in enumerate(shares):  # each extra share leaves room for the main corpus
+        before = [n for n, _ in shares[:i]]
+        if not 0 <= share < 1 - mix - sum(v for _, v in shares[:i]):
+            raise InvalidRequestError(f"{what} must be in [0, {' - '.join(['1', 'mix', *before])}), got {share!r}")
     from dgemma_struct.training.generalise import absent_record_corpus, short_record_corpus, table_record_corpus
 
     n_orig = round(size * mix)
