@@ -404,3 +404,37 @@ def test_a_source_of_field_names_only_has_no_value_to_offer(tok):
               "required": ["burst"]}
     with pytest.raises(GroundingError, match="no text of the source"):
         compile_grounded(schema, tok, source="* burst:\n| guid = |", ground="strings", use_cache=False)
+
+
+LIST = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "x-grounded": True}},
+                                         "n": {"type": "array", "items": {"type": "integer", "x-grounded": True}}},
+        "required": ["tags"], "additionalProperties": False}
+
+
+def test_array_items_copy_distinct_places_of_the_source(tok):
+    c = compile_grounded(LIST, tok, source="Tags: red, blue, red and green; sizes 4 and 5.")
+    # "red" is written twice: two items may copy it, each from its own place
+    spans, issues = c.locate({"tags": ["red", "blue", "red"]})
+    assert not issues and [s.start for s in spans if s.value == "red"] == [6, 17]
+    # "blue" once: a second "blue" is one item too many, an issue a repair may close the array at
+    out = c.validate_text('{"tags":["red","blue","blue"]}')
+    assert not out.ok and [(e.path, e.superfluous) for e in out.errors] == [(("tags", 2), True)]
+    assert "writes it 1 time" in out.errors[0].message
+    # the same text in two arrays, or a repeated number, is not a repeat
+    assert c.validate_text('{"tags":["blue"],"n":[4,4]}').ok
+
+
+def test_repeat_marker_allows_repeated_items(tok):
+    rep = json.loads(json.dumps(LIST))
+    rep["properties"]["tags"]["items"]["x-grounded"] = {"repeat": True}
+    c = compile_grounded(rep, tok, source="Tags: red, blue.")
+    assert c.validate_text('{"tags":["blue","blue"]}').ok
+
+    class Shirt(BaseModel):
+        colours: list[Annotated[str, Grounded(repeat=True)]]
+    assert compile_grounded(Shirt, tok, source="a red and blue shirt").validate_text('{"colours":["red","red"]}').ok
+    with pytest.raises(GroundingError, match="repeat"):
+        compile_grounded({"type": "object", "properties": {"t": {"type": "array", "items": {
+            "type": "string", "x-grounded": {"repeat": "yes"}}}}}, tok, source="a b")
+    with pytest.raises(GroundingError, match="repeat"):
+        Grounded(repeat="yes")

@@ -17,8 +17,8 @@ from dgemma_struct.results import GenerationStats
 
 
 class Issue:
-    def __init__(self, path, message):
-        self.path, self.message = tuple(path), message
+    def __init__(self, path, message, superfluous=False):
+        self.path, self.message, self.superfluous = tuple(path), message, superfluous
 
 
 def test_the_scanner_reports_each_value_with_its_path_as_it_ends():
@@ -35,9 +35,16 @@ def test_the_scanner_reports_each_value_with_its_path_as_it_ends():
     ('{"d":"0020-01-01","n":3}', (("d",), "in the past"), 5, [(("d",), b'"0020-01-01"', False)], ("d",)),
     # a number is banned as a delimited literal
     ('{"n":45}', (("n",), "too old"), 5, [(("n",), b"45", False)], ("n",)),
-    # uniqueItems: the first duplicate; every earlier item is banned at its position
-    ('{"s":["go","sql","go"]}', (("s",), "['go', 'sql', 'go'] has non-unique elements"), 17,
+    # uniqueItems: the first duplicate, renoised from the end of the item before it (the array may close
+    # there); every earlier item is banned at its position
+    ('{"s":["go","sql","go"]}', (("s",), "['go', 'sql', 'go'] has non-unique elements"), 16,
      [(("s", 2), b'"go"', False), (("s", 2), b'"sql"', False)], ("s", 2)),
+    # a superfluous item (written once more than the source holds it): from the end of the item before
+    # it, only its own text banned there
+    ('{"s":["go","sql","sql"]}', (("s", 2), "written more often than the source", True), 16,
+     [(("s", 2), b'"sql"', False)], ("s", 2)),
+    # ... the first item: from just after the array's "["
+    ('{"s":["go"]}', (("s", 0), "not there", True), 6, [(("s", 0), b'"go"', False)], ("s", 0)),
     # a missing dependency: from the present property the message names (its comma included)
     ('{"n":"a","e":"x","c":"y"}', ((), "'p' is a dependency of 'e'"), 8, [((), b'{"n":"a","e":"x","c":"y"}', False)],
      ()),
@@ -186,3 +193,24 @@ def test_two_rejections_sharing_a_start_ban_that_start(tok_runtime):
     assert ex.admissible([], _ids(tok_runtime, '{"handle":" x"}')) < len(_ids(tok_runtime, '{"handle":" x"}'))
     ok = _ids(tok_runtime, '{"handle":"jdoe"}')
     assert ex.admissible([], ok) == len(ok)
+
+
+def test_a_repeated_grounded_item_is_renoised_so_the_list_may_close(tok_runtime):
+    """A grounded list whose last item the model drafted twice ("rendering" is written once): the repair
+    keeps the list up to the first "rendering", and from there the list may close but not repeat it."""
+    from dgemma_struct.grounding import compile_grounded
+
+    schema = {"type": "object", "properties": {"b": {"type": "array", "items": {"type": "string"}}},
+              "required": ["b"], "additionalProperties": False}
+    c = compile_grounded(schema, tok_runtime.tokenizer, source="Bindings: collapse, rendering.", ground="strings")
+    s = RepairSession(tok_runtime, [], c, GenerateOptions(), seed=0, deadline=None)
+    v = s.judge(Attempt(_ids(tok_runtime, '{"b":["collapse","rendering","rendering"]}'), True, False,
+                        GenerationStats()))
+    assert isinstance(v, Redo) and s.bans == [Ban(("b", 2), b'"rendering"')]
+    kept = tok_runtime.tokenizer.decode(v.prefix)
+    assert '{"b":["collapse","rendering'.startswith(kept) and kept.startswith('{"b":["collapse"')
+    ex = _exclusion(tok_runtime, c, s.bans)
+    at = _ids(tok_runtime, '{"b":["collapse","rendering"')
+    assert ex.admissible(at, _ids(tok_runtime, "]}")) == len(_ids(tok_runtime, "]}"))
+    again = _ids(tok_runtime, ',"rendering"]}')
+    assert ex.admissible(at, again) < len(again)

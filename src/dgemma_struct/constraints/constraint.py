@@ -47,10 +47,13 @@ class ConstraintKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ValidationIssue:
-    """One validation failure: where (``path`` into the value) and why."""
+    """One validation failure: where (``path`` into the value) and why. ``superfluous``: the value
+    should not be there at all (an array item written once too often), so a repair restarts before
+    it and the array may close."""
 
     path: tuple
     message: str
+    superfluous: bool = False
 
     def __str__(self) -> str:
         loc = "/".join(str(p) for p in self.path)

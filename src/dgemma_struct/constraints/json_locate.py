@@ -193,7 +193,10 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
     reported. Each issue's path (or its deepest ancestor in the text) names the rejected value:
 
     * an array with duplicates (``uniqueItems``): its first duplicate is rejected; renoising starts
-      there and none of the items before it may be written at that position;
+      right after the item before it (so the array may close there) and none of the items before it
+      may be written at that position;
+    * a ``superfluous`` item (an issue saying the item should not be there at all): the same, with
+      only that item's text banned at its position;
     * an object (``required``, ``dependentRequired``, ``if``/``then``, a model validator): renoising
       starts at the earliest member the message names ('quoted', or else as a word: a model validator's
       "check_out must be after check_in" restarts at ``check_in``) that is present, else at the last
@@ -222,7 +225,11 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
             v = json.loads(vt)
         except ValueError:
             v = None
-        at, bans, rejected = _value_plan(text, spans, members, p, v, str(issue.message))
+        if getattr(issue, "superfluous", False) and p == tuple(issue.path) and p and isinstance(p[-1], int):
+            at, bans = _item_gap(spans, p), [(Ban(p, vt.encode()), (start, end))]
+            rejected = Rejection(p, vt, str(issue.message))
+        else:
+            at, bans, rejected = _value_plan(text, spans, members, p, v, str(issue.message))
         plan.offset = min(plan.offset, at)
         for ban, span in bans:
             if ban not in plan.bans:
@@ -248,7 +255,7 @@ def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any,
         if k is not None and p + (k,) in spans:
             ks, ke = spans[p + (k,)]
             before = {text[slice(*spans[p + (i,)])] for i in range(k) if p + (i,) in spans}
-            return ks, [(Ban(p + (k,), t.encode()), None) for t in sorted(before)], \
+            return _item_gap(spans, p + (k,)), [(Ban(p + (k,), t.encode()), None) for t in sorted(before)], \
                 Rejection(p + (k,), text[ks:ke], message)
     rejected = Rejection(p, text[start:end], message)
     if isinstance(v, dict):
@@ -267,6 +274,16 @@ def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any,
     if isinstance(v, list) and kids:
         return spans[kids[-1]][0], [whole], rejected
     return start, [whole], rejected
+
+
+def _item_gap(spans: dict, item: tuple) -> int:
+    """Where renoising starts to take array item ``item`` back: right after the item before it (or
+    the array's ``[``), so that the model may close the array there instead of writing another item."""
+    k = item[-1]
+    before = spans.get(item[:-1] + (k - 1,)) if k > 0 else None
+    if before is not None and before[1] >= 0:
+        return before[1]
+    return spans[item[:-1]][0] + 1 if item[:-1] in spans else spans[item][0]
 
 
 def _same(a: Any, b: Any) -> bool:

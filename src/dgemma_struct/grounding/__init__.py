@@ -11,6 +11,10 @@ Mark fields as grounded
 - for the whole request: ``ground="strings"`` (every free string field), ``"numbers"`` or
   ``"all"`` (strings and numbers).
 
+The items of an array copy distinct places of the source: ``["red", "red"]`` needs "red" written
+twice (a model that drafts one item again instead of closing the list gets a repair that may close
+it); ``Grounded(repeat=True)`` / ``{"x-grounded": {"repeat": true}}`` on the items allows repeats.
+
 Example::
 
     >>> from typing import Annotated
@@ -35,7 +39,8 @@ const, lengths) gets the finite list of the source's spans that pass the field's
 instead (empty list: :class:`~dgemma_struct.errors.GroundingError` before any generation).
 Grounded numbers are the list of number literals of the source that pass the sub-schema.
 Validation is against the ORIGINAL schema (jsonschema, and the pydantic model when given), plus a
-check that every grounded value occurs in the source, so repairs and the AR fallback keep both.
+check that every grounded value occurs in the source (an array's repeated string as often as it is
+repeated), so repairs and the AR fallback keep both.
 """
 from dgemma_struct.grounding.api import (DEMO_PROMPT, DEMO_SCHEMA, GroundedResult, demo, generate_grounded,
                                          generate_grounded_batch)

@@ -51,9 +51,14 @@ class GroundedConstraint(Constraint):
         return _GroundedWalker(self)
 
     def locate(self, value: Any) -> tuple[list[GroundedSpan], list[ValidationIssue]]:
-        """Spans of every grounded value in ``value`` (a JSON value), and issues for those not found."""
+        """Spans of every grounded value in ``value`` (a JSON value), and issues for those not found.
+
+        The items of an array copy distinct places: the n-th item holding the same string is the n-th
+        place the source writes it, and one more than the source holds is an issue (``superfluous``:
+        a repair may close the array there) unless its field says ``repeat``."""
         spans: list[GroundedSpan] = []
         issues: list[ValidationIssue] = []
+        uses: dict[tuple, int] = {}
         for path, v, leaf in self._view.leaves(value, self.schema, ()):
             occ: list[tuple[int, int, int]] = []
             for di, d in enumerate(self._docs):
@@ -63,7 +68,16 @@ class GroundedConstraint(Constraint):
                 issues.append(ValidationIssue(path, f"{v!r} is not {'a span' if leaf.kind == 'string' else 'a number'}"
                                                     " of the source"))
                 continue
-            di, s, e = occ[0]
+            n = 0
+            if leaf.kind == "string" and not leaf.repeat and path and isinstance(path[-1], int):
+                n = uses.get((path[:-1], v), 0)
+                uses[(path[:-1], v)] = n + 1
+                if n >= len(occ):
+                    issues.append(ValidationIssue(
+                        path, f"{v!r} is item {n + 1} of this array with that text, but the source writes it "
+                              f"{len(occ)} time{'s' if len(occ) > 1 else ''}", superfluous=True))
+                    continue
+            di, s, e = occ[n]
             spans.append(GroundedSpan(path, v, di, s, e, self.sources[di][s:e], tuple(occ)))
         return spans, issues
 

@@ -10,13 +10,14 @@ from dgemma_struct.constraints.json_schema import make_validator
 from dgemma_struct.constraints.schema_checks import follow_pointer
 from dgemma_struct.errors import GroundingError, SchemaError
 from dgemma_struct.grounding.sources import Doc
-from dgemma_struct.grounding.spec import GROUND_KEY, fmt, marker_mode, strip_markers, schema_types
+from dgemma_struct.grounding.spec import GROUND_KEY, fmt, marker_mode, marker_repeat, strip_markers, schema_types
 
 
 @dataclass
 class Leaf:
     kind: str           # "string" | "number"
     granularity: str
+    repeat: bool = False  # an array may hold this string more often than the source writes it
 
 
 class SchemaView:
@@ -73,7 +74,7 @@ class SchemaView:
             if len(scalar) > 1 and "string" in scalar:
                 raise GroundingError(f"{fmt(path)}: a grounded field must be a string or a number, not both",
                                      path=path)
-            return Leaf("string" if scalar[0] == "string" else "number", mode)
+            return Leaf("string" if scalar[0] == "string" else "number", mode, marker_repeat(marker, path))
         if self.ground is None or "const" in node:
             return None
         if "enum" in node:

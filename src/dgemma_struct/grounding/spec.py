@@ -18,16 +18,25 @@ GROUND_LEVELS = (None, "strings", "numbers", "all")
 @dataclass(frozen=True)
 class Grounded:
     """Pydantic field marker: ``Annotated[str, Grounded()]``, ``Annotated[int, Grounded()]``.
-    ``mode``: ``"words"`` (default: spans start and end on word boundaries) or ``"chars"``."""
+    ``mode``: ``"words"`` (default: spans start and end on word boundaries) or ``"chars"``.
+    ``repeat``: the items of an array may repeat a string more often than the source writes it (by
+    default each item copies its own place in the source: ``["red", "red"]`` needs "red" twice).
+
+        >>> Grounded(repeat=True).marker()
+        {'mode': 'words', 'repeat': True}
+    """
 
     mode: str = "words"
+    repeat: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in GRANULARITIES:
             raise GroundingError(f"Grounded(mode=...) must be one of {GRANULARITIES}, not {self.mode!r}")
+        if not isinstance(self.repeat, bool):
+            raise GroundingError(f"Grounded(repeat=...) must be true or false, not {self.repeat!r}")
 
     def marker(self) -> dict:
-        return {"mode": self.mode}
+        return {"mode": self.mode, "repeat": True} if self.repeat else {"mode": self.mode}
 
     def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict:
         js = handler(core_schema)
@@ -52,6 +61,14 @@ def marker_mode(marker: Any, default: str, path: tuple) -> str | None:
         return marker
     raise GroundingError(f"{fmt(path)}: x-grounded must be true, false or {{\"mode\": \"words\"|\"chars\"}}, "
                          f"not {marker!r}", path=path)
+
+
+def marker_repeat(marker: Any, path: tuple) -> bool:
+    """``x-grounded``'s ``repeat`` (default false: an array item copies its own place in the source)."""
+    rep = marker.get("repeat", False) if isinstance(marker, dict) else False
+    if not isinstance(rep, bool):
+        raise GroundingError(f"{fmt(path)}: x-grounded repeat must be true or false, not {rep!r}", path=path)
+    return rep
 
 
 def has_grounding(schema: Any) -> bool:
