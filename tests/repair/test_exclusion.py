@@ -40,11 +40,12 @@ def test_the_scanner_reports_each_value_with_its_path_as_it_ends():
     ('{"s":["go","sql","go"]}', (("s",), "['go', 'sql', 'go'] has non-unique elements"), 16,
      [(("s", 2), b'"go"', False), (("s", 2), b'"sql"', False)], ("s", 2)),
     # a superfluous item (written once more than the source holds it): from the end of the item before
-    # it, only its own text banned there
-    ('{"s":["go","sql","sql"]}', (("s", 2), "written more often than the source", True), 16,
-     [(("s", 2), b'"sql"', False)], ("s", 2)),
+    # it, its text banned there and at every later place up to one past the written length
+    ('{"s":["go","sql","sql","c"]}', (("s", 2), "written more often than the source", True), 16,
+     [(("s", 2), b'"sql"', False), (("s", 3), b'"sql"', False), (("s", 4), b'"sql"', False)], ("s", 2)),
     # ... the first item: from just after the array's "["
-    ('{"s":["go"]}', (("s", 0), "not there", True), 6, [(("s", 0), b'"go"', False)], ("s", 0)),
+    ('{"s":["go"]}', (("s", 0), "not there", True), 6, [(("s", 0), b'"go"', False), (("s", 1), b'"go"', False)],
+     ("s", 0)),
     # a missing dependency: from the present property the message names (its comma included)
     ('{"n":"a","e":"x","c":"y"}', ((), "'p' is a dependency of 'e'"), 8, [((), b'{"n":"a","e":"x","c":"y"}', False)],
      ()),
@@ -206,7 +207,7 @@ def test_a_repeated_grounded_item_is_renoised_so_the_list_may_close(tok_runtime)
     s = RepairSession(tok_runtime, [], c, GenerateOptions(), seed=0, deadline=None)
     v = s.judge(Attempt(_ids(tok_runtime, '{"b":["collapse","rendering","rendering"]}'), True, False,
                         GenerationStats()))
-    assert isinstance(v, Redo) and s.bans == [Ban(("b", 2), b'"rendering"')]
+    assert isinstance(v, Redo) and s.bans == [Ban(("b", 2), b'"rendering"'), Ban(("b", 3), b'"rendering"')]
     kept = tok_runtime.tokenizer.decode(v.prefix)
     assert '{"b":["collapse","rendering'.startswith(kept) and kept.startswith('{"b":["collapse"')
     ex = _exclusion(tok_runtime, c, s.bans)

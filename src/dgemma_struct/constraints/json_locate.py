@@ -196,7 +196,8 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
       right after the item before it (so the array may close there) and none of the items before it
       may be written at that position;
     * a ``superfluous`` item (an issue saying the item should not be there at all): the same, with
-      only that item's text banned at its position;
+      that item's text banned at its position and at every later one up to one past the array's
+      written length (else the repair moves the same item one place on, once per attempt);
     * an object (``required``, ``dependentRequired``, ``if``/``then``, a model validator): renoising
       starts at the earliest member the message names ('quoted', or else as a word: a model validator's
       "check_out must be after check_in" restarts at ``check_in``) that is present, else at the last
@@ -226,7 +227,10 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
         except ValueError:
             v = None
         if getattr(issue, "superfluous", False) and p == tuple(issue.path) and p and isinstance(p[-1], int):
-            at, bans = _item_gap(spans, p), [(Ban(p, vt.encode()), (start, end))]
+            written = len(_children(spans, p[:-1]))
+            at = _item_gap(spans, p)
+            bans = [(Ban(p, vt.encode()), (start, end))] + \
+                [(Ban(p[:-1] + (j,), vt.encode()), None) for j in range(p[-1] + 1, written + 1)]
             rejected = Rejection(p, vt, str(issue.message))
         else:
             at, bans, rejected = _value_plan(text, spans, members, p, v, str(issue.message))
