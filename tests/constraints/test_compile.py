@@ -147,6 +147,27 @@ def test_validation_only_keywords(hf_tok):
         assert not c.matches(bad), (schema, bad)
 
 
+def test_dependent_required_is_compiled_exactly_over_declared_properties(hf_tok):
+    """dependentRequired as the anyOf it means: the grammar refuses an email without its phone (the
+    repair corpus' case, where the model kept leaving the phone out and spent every repair)."""
+    props = {k: {"type": "string"} for k in ("name", "email", "phone", "fax")}
+    s = {"type": "object", "properties": props, "required": ["name"], "additionalProperties": False,
+         "dependentRequired": {"email": ["phone"], "fax": ["phone", "email"]}}
+    c = compile_constraint(s, tokenizer=hf_tok, strict=True)   # nothing left to validation: strict accepts it
+    assert not c.semantic_keywords
+    for text, ok in (('{"name":"a"}', True), ('{"name":"a","email":"e","phone":"p"}', True),
+                     ('{"name":"a","phone":"p"}', True), ('{"name":"a","email":"e"}', False),
+                     ('{"name":"a","email":"e","phone":"p","fax":"f"}', True),
+                     ('{"name":"a","phone":"p","fax":"f"}', False)):
+        assert c.grammar_accepts(text) is ok and c.matches(text) is ok, text
+    # more keys than DEPENDENT_BRANCHES, or an undeclared name: left to validation, as before
+    many = dict(s, properties={**props, "x": {"type": "string"}},
+                dependentRequired={"email": ["phone"], "fax": ["x"], "phone": ["x"], "x": ["name"]})
+    assert "dependentRequired" in compile_constraint(many, tokenizer=hf_tok).semantic_keywords
+    undeclared = {"type": "object", "properties": {"a": {}}, "dependentRequired": {"a": ["b"]}}
+    assert "dependentRequired" in compile_constraint(undeclared, tokenizer=hf_tok).semantic_keywords
+
+
 def test_whitespace_and_separators(hf_tok):
     s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
          "required": ["a", "b"], "additionalProperties": False}

@@ -24,6 +24,7 @@ from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
+from .dependent_required import dependent_branches
 from .field_bounds import bound_fields
 from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
                        has_wide_number, is_ecma_regex)
@@ -159,7 +160,7 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
 
 #: the keywords :func:`_grammar_copy` may rewrite
 _REWRITTEN = frozenset(("minProperties", "exclusiveMinimum", "exclusiveMaximum", "items", "dependencies", "multipleOf",
-                        "format", GRAMMAR_KEY))
+                        "format", "dependentRequired", GRAMMAR_KEY))
 
 _EXPONENT = re.compile(r"e[-+][0-9]")  # a float that may be an extreme bound (literals.drop_extreme_bounds)
 
@@ -204,6 +205,8 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
                 s["items"] = s.pop("additionalItems")
         if "dependencies" in s and isinstance(s["dependencies"], dict):
             s.pop("dependencies")  # validated
+        if isinstance(s.get("dependentRequired"), dict):
+            dependent_branches(s)
         mo = s.get("multipleOf")
         if isinstance(mo, float) and not mo.is_integer():
             decimal_step_copy(s, dropped)  # llguidance compiles a decimal step next to bounds wrongly
