@@ -42,3 +42,12 @@ def dependent_branches(s: dict) -> None:
             {**b, "required": list(dict.fromkeys([*b.get("required", []), k, *need]))})]
     if open_keys:
         s["anyOf"] = branches
+
+
+def dependency_keywords(s: dict) -> None:
+    """The grammar copy's dependency keywords, in place: draft-7 ``dependencies`` is removed (enforced by
+    validation) and ``dependentRequired`` becomes its ``anyOf`` where it can (:func:`dependent_branches`)."""
+    if isinstance(s.get("dependencies"), dict):
+        s.pop("dependencies")
+    if isinstance(s.get("dependentRequired"), dict):
+        dependent_branches(s)

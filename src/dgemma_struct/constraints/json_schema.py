@@ -24,7 +24,7 @@ from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
-from .dependent_required import dependent_branches
+from .dependent_required import dependency_keywords
 from .field_bounds import bound_fields
 from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
                        has_wide_number, is_ecma_regex)
@@ -203,10 +203,7 @@ def _grammar_copy(schema: Any, dropped: list[str] | None = None, wide: bool = Tr
             s["prefixItems"] = s.pop("items")
             if "additionalItems" in s:
                 s["items"] = s.pop("additionalItems")
-        if "dependencies" in s and isinstance(s["dependencies"], dict):
-            s.pop("dependencies")  # validated
-        if isinstance(s.get("dependentRequired"), dict):
-            dependent_branches(s)
+        dependency_keywords(s)
         mo = s.get("multipleOf")
         if isinstance(mo, float) and not mo.is_integer():
             decimal_step_copy(s, dropped)  # llguidance compiles a decimal step next to bounds wrongly
