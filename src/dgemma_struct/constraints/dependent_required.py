@@ -23,7 +23,8 @@ def dependent_branches(s: dict) -> None:
             k in props and isinstance(v, list) and all(isinstance(x, str) and x in props for x in v)
             for k, v in dr.items()):
         return
-    req = set(s.get("required") or []) if isinstance(s.get("required"), list) else set()
+    have = s.get("required") if isinstance(s.get("required"), list) else []
+    req = set(have)
     open_keys = {}
     for k, need in dr.items():
         if k in req:
@@ -33,8 +34,8 @@ def dependent_branches(s: dict) -> None:
     if len(open_keys) > DEPENDENT_BRANCHES or (open_keys and ("anyOf" in s or "oneOf" in s)):
         return
     s.pop("dependentRequired")
-    if req - set(s.get("required") or []):
-        s["required"] = list(dict.fromkeys([*(s.get("required") or []), *sorted(req)]))
+    if req - set(have):
+        s["required"] = list(dict.fromkeys([*have, *sorted(req)]))
     branches: list[dict] = [{}]
     for k, need in open_keys.items():
         branches = [alt for b in branches for alt in (

@@ -226,14 +226,8 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
             v = json.loads(vt)
         except ValueError:
             v = None
-        if getattr(issue, "superfluous", False) and p == tuple(issue.path) and p and isinstance(p[-1], int):
-            written = len(_children(spans, p[:-1]))
-            at = _item_gap(spans, p)
-            bans = [(Ban(p, vt.encode()), (start, end))] + \
-                [(Ban(p[:-1] + (j,), vt.encode()), None) for j in range(p[-1] + 1, written + 1)]
-            rejected = Rejection(p, vt, str(issue.message))
-        else:
-            at, bans, rejected = _value_plan(text, spans, members, p, v, str(issue.message))
+        superfluous = getattr(issue, "superfluous", False) and p == tuple(issue.path)
+        at, bans, rejected = _value_plan(text, spans, members, p, v, str(issue.message), superfluous)
         plan.offset = min(plan.offset, at)
         for ban, span in bans:
             if ban not in plan.bans:
@@ -248,11 +242,15 @@ def _children(spans: dict, path: tuple) -> list[tuple]:
                   key=lambda q: spans[q][0])
 
 
-def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any,
-                message: str) -> tuple[int, list[tuple[Ban, tuple[int, int] | None]], Rejection]:
+def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any, message: str,
+                superfluous: bool = False) -> tuple[int, list[tuple[Ban, tuple[int, int] | None]], Rejection]:
     """``(renoise offset, [(ban, its span)], rejection)`` of the value ``v`` at ``p`` (see :func:`repair_plan`)."""
     start, end = spans[p]
     whole = (Ban(p, text[start:end].encode()), (start, end))
+    if superfluous and p and isinstance(p[-1], int):
+        later = range(p[-1] + 1, len(_children(spans, p[:-1])) + 1)
+        return _item_gap(spans, p), [whole] + [(Ban(p[:-1] + (j,), whole[0].text), None) for j in later], \
+            Rejection(p, text[start:end], message)
     kids = _children(spans, p)
     if isinstance(v, list) and "unique" in message.lower():
         k = next((k for k in range(1, len(v)) if any(_same(v[k], v[i]) for i in range(k))), None)

@@ -354,7 +354,8 @@ def prompt_with_sources(prompt: Any, docs: Sequence[str]) -> Any:
 class GroundedSpan:
     """Where one grounded value came from. ``path``: its JSON path (keys and indices);
     ``doc``/``start``/``end``: the first occurrence (character offsets, end exclusive) in
-    ``sources[doc]``; ``occurrences``: every ``(doc, start, end)`` it matches."""
+    ``sources[doc]`` -- for the n-th item of an array holding the same string, the n-th occurrence;
+    ``occurrences``: every ``(doc, start, end)`` it matches."""
 
     path: tuple
     value: Any
