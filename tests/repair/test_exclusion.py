@@ -66,6 +66,9 @@ def test_the_repair_plan_of_each_error_shape(text, issue, offset, bans, rejected
     assert plan.offset == offset
     assert [(b.path, b.text, b.prefix) for b in plan.bans] == bans
     assert [r.path for r in plan.rejected] == [rejected]
+    # only a superfluous item after the first offers the ban that ends its array before it
+    assert [(b.path, b.text, b.prefix) for b, _ in plan.closing] == (
+        [(("s",), b'["go","sql",', True)] if issue[1].startswith("written more") else [])
 
 
 def _ids(rt, text):
@@ -215,3 +218,33 @@ def test_a_repeated_grounded_item_is_renoised_so_the_list_may_close(tok_runtime)
     assert ex.admissible(at, _ids(tok_runtime, "]}")) == len(_ids(tok_runtime, "]}"))
     again = _ids(tok_runtime, ',"rendering"]}')
     assert ex.admissible(at, again) < len(again)
+
+
+def test_a_second_repeated_grounded_item_in_the_same_list_ends_the_list_there(tok_runtime):
+    """The model repeats an item on the repair too (a longer list, the repeat one place on): the
+    second repair keeps the list up to the item before it and may only close it there, so the
+    repairs converge without the AR fallback. The first repair does not close it: another item may follow."""
+    from dgemma_struct.grounding import compile_grounded
+
+    schema = {"type": "object", "properties": {"b": {"type": "array", "items": {"type": "string"}}},
+              "required": ["b"], "additionalProperties": False}
+    c = compile_grounded(schema, tok_runtime.tokenizer, source="Bindings: collapse, rendering, scale.",
+                         ground="strings")
+    s = RepairSession(tok_runtime, [], c, GenerateOptions(), seed=0, deadline=None)
+    first = s.judge(Attempt(_ids(tok_runtime, '{"b":["collapse","rendering","rendering"]}'), True, False,
+                            GenerationStats()))
+    assert isinstance(first, Redo) and not any(b.prefix for b in s.bans)
+    at = _ids(tok_runtime, '{"b":["collapse","rendering"')
+    another = _ids(tok_runtime, ',"scale"]}')
+    assert _exclusion(tok_runtime, c, s.bans).admissible(at, another) == len(another)
+    second = s.judge(Attempt(_ids(tok_runtime, '{"b":["collapse","rendering","scale","collapse"]}'), True, False,
+                             GenerationStats()), 1)
+    assert isinstance(second, Redo)
+    assert Ban(("b",), b'["collapse","rendering","scale",', prefix=True, delimited=False) in s.bans
+    ex = _exclusion(tok_runtime, c, s.bans)
+    at = _ids(tok_runtime, '{"b":["collapse","rendering","scale"')
+    assert ex.admissible(at, _ids(tok_runtime, "]}")) == len(_ids(tok_runtime, "]}"))
+    for more in (',"collapse"]}', ',"scale"]}'):
+        assert ex.admissible(at, _ids(tok_runtime, more)) == 0, more
+    # a list that differs before that point is not closed by it
+    assert ex.admissible(_ids(tok_runtime, '{"b":["scale"'), _ids(tok_runtime, ',"collapse"]}')) > 0

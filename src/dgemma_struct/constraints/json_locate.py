@@ -177,12 +177,15 @@ class Rejection:
 class RepairPlan:
     """What one rejected output tells the repair: where renoising restarts (``offset``, a character
     of the answer), the values that must not come back (``bans``; ``spans[i]``: where ban ``i``'s
-    text is in the answer, or None) and the ``rejected`` values."""
+    text is in the answer, or None) and the ``rejected`` values. ``closing``: for each superfluous
+    item, the ban (with its span) that ends its array before it -- its items up to there and a
+    comma, as a prefix -- for a repair to add when the same array had a superfluous item before."""
 
     offset: int
     bans: list[Ban] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     spans: list[tuple[int, int] | None] = field(default_factory=list)
+    closing: list[tuple[Ban, tuple[int, int]]] = field(default_factory=list)
 
 
 _NAMED = re.compile(r"'([^'\\]*)'|\"([^\"\\]*)\"")
@@ -197,7 +200,8 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
       may be written at that position;
     * a ``superfluous`` item (an issue saying the item should not be there at all): the same, with
       that item's text banned at its position and at every later one up to one past the array's
-      written length (else the repair moves the same item one place on, once per attempt);
+      written length (else the repair moves the same item one place on, once per attempt); the ban
+      that closes the array before it is in ``closing``;
     * an object (``required``, ``dependentRequired``, ``if``/``then``, a model validator): renoising
       starts at the earliest member the message names ('quoted', or else as a word: a model validator's
       "check_out must be after check_in" restarts at ``check_in``) that is present, else at the last
@@ -234,6 +238,11 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
                 plan.bans.append(ban)
                 plan.spans.append(span)
         plan.rejected.append(rejected)
+        if superfluous and p and isinstance(p[-1], int) and p[-1] > 0 and p[:-1] in spans:
+            arr, gap = spans[p[:-1]][0], _item_gap(spans, p)
+            if text[gap:gap + 1] == ",":
+                plan.closing.append((Ban(p[:-1], text[arr:gap + 1].encode(), prefix=True, delimited=False),
+                                     (arr, gap + 1)))
     return plan
 
 
