@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dgemma_struct.errors import InvalidRequestError, ModelLoadError
+from dgemma_struct.training import render
 from dgemma_struct.training import train as train_mod
 from dgemma_struct.training.recipe import DiffusionRecipe, embedded_path, load_init, lr_at, mixed_corpus
 
@@ -97,6 +98,11 @@ def test_short_records_take_their_share_from_the_main_corpus_and_keep_the_origin
     asks_more = [e for e in three if isinstance(e.get("fields"), dict) and e.get("template")
                  and len(e["schema"]["properties"]) > len(e["fields"])]
     assert sum(e["kind"] == "main" for e in three) == 60 and len(asks_more) >= 40
+    four = mixed_corpus(makers, "other", 400, 1, 0.5, short_records=0.1, tables=0.15, absent=0.1, phrasings=0.1)
+    composed = [e for e in four if e.get("template") and e["template"] not in render.TEMPLATES + render.CLASSIFY_TEMPLATES]
+    assert sum(e["kind"] == "main" for e in four) == 20 and len(composed) == 40
+    with pytest.raises(InvalidRequestError, match="phrasings"):
+        mixed_corpus(makers, "other", 10, 0, 0.5, short_records=0.1, tables=0.1, absent=0.1, phrasings=0.25)
 
 
 def test_fine_tune_from_the_shipped_checkpoint_keeps_snapshots_and_resumes(tmp_path):
@@ -228,9 +234,10 @@ def test_recipe_flags_reach_train_and_bad_values_are_one_line_errors():
     add_finetune_arguments(p)
     kw = finetune_kwargs(p.parse_args(["--frontier", "0.5", "--frontier-weight", "2", "--prefix", "0.25",
                                        "--fresh-names", "0.5", "--short-records", "0.1", "--grow-depth", "0.1",
-                                       "--tables", "0.2", "--absent", "0.15"]))
+                                       "--tables", "0.2", "--absent", "0.15", "--phrasings", "0.05"]))
     assert (kw["frontier"], kw["frontier_weight"], kw["prefix"], kw["fresh_names"], kw["short_records"],
-            kw["grow_depth"], kw["tables"], kw["absent"]) == (0.5, 2.0, 0.25, 0.5, 0.1, 0.1, 0.2, 0.15)
+            kw["grow_depth"], kw["tables"], kw["absent"], kw["phrasings"]) == (0.5, 2.0, 0.25, 0.5, 0.1, 0.1, 0.2, 0.15,
+                                                                               0.05)
     assert finetune_kwargs(p.parse_args([]))["grow_depth"] is None
     import inspect
     assert set(kw) <= set(inspect.signature(train_mod.train).parameters)

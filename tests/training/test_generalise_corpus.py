@@ -202,3 +202,29 @@ def test_absent_records_ask_for_optional_fields_the_source_does_not_hold():
     assert {1, 2} <= set(n_absent)
     # the absent fields sit at drawn places, not always last
     assert any(list(e["schema"]["properties"])[-1] in json.loads(e["answer"]) for e in recs)
+
+
+def test_phrasing_records_are_composed_instructions_that_never_word_a_held_out_template():
+    from dgemma_struct.training.generalise import phrasing_record_corpus
+    from dgemma_struct.training.schemas import families
+
+    recs = phrasing_record_corpus(300, seed=4)
+    assert recs == phrasing_record_corpus(300, seed=4) and recs != phrasing_record_corpus(300, seed=5)
+    train_fams = set(families("train"))
+    for e in recs:
+        jsonschema.validate(json.loads(e["answer"]), e["schema"])
+        assert e["template"] not in render.TEMPLATES and e["family"] in train_fams and e["split"] == "train"
+        assert not render._trigrams(e["template"]) & render.HELD_OUT_TRIGRAMS, e["template"]
+        for v in e["fields"].values():   # the values are still copied from the source
+            for leaf in (v if isinstance(v, list) else [v]):
+                if isinstance(leaf, (str, int, float)) and not isinstance(leaf, bool):
+                    assert str(leaf) in e["prompt"], (leaf, e["prompt"])
+    assert len({e["template"] for e in recs}) > 250   # many phrasings, not a few
+    # the decontamination is not vacuous: a held-out template's own wording is caught
+    held = render.templates("held_out")
+    assert held and all(render._trigrams(t) & render.HELD_OUT_TRIGRAMS for t in held)
+    # and it steers the draw: without it some composed instructions would share a held-out trigram
+    r = random.Random(0)
+    parts = [render._ASK, render._WHAT, render._AS]
+    raw = {f"{r.choice(parts[0])} {r.choice(parts[1])} {r.choice(parts[2])}.\n{{src}}" for _ in range(500)}
+    assert any(render._trigrams(t) & render.HELD_OUT_TRIGRAMS for t in raw)

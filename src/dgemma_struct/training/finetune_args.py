@@ -16,8 +16,8 @@ from dgemma_struct.cli.arguments import bounded
 from dgemma_struct.training.recipe import T_DISTS
 
 #: flag dest -> train() keyword (the same names)
-FINETUNE_KNOBS = ("init_from", "mix", "fresh_names", "short_records", "tables", "absent", "warmup", "lr_floor",
-                  "checkpoint_every", "keep_checkpoints", "diffusion_views", "diffusion_weight", "t_dist",
+FINETUNE_KNOBS = ("init_from", "mix", "fresh_names", "short_records", "tables", "absent", "phrasings", "warmup",
+                  "lr_floor", "checkpoint_every", "keep_checkpoints", "diffusion_views", "diffusion_weight", "t_dist",
                   "self_condition", "sc_like_inference", "prefix", "frontier", "frontier_weight", "grow_depth")
 
 
@@ -43,6 +43,9 @@ def add_finetune_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--absent", type=_fraction, default=0.0,
                    help="share of the corpus that is extraction records asking for optional fields the source "
                         "does not hold (default 0)")
+    g.add_argument("--phrasings", type=_fraction, default=0.0,
+                   help="share of the corpus that is extraction records asked for by composed instructions, none "
+                        "worded like a held-out template (default 0)")
     g.add_argument("--warmup", type=bounded(int, 0), default=150,
                    help="warm-up steps of the learning rate (default 150)")
     g.add_argument("--lr-floor", type=_fraction, default=0.1,

@@ -187,11 +187,12 @@ def short_record_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
     return [short_record_example(r) for _ in range(n)]
 
 
-def _training_extractions(n: int, r: random.Random, **kw: Any) -> list[dict[str, Any]]:
+def _training_extractions(n: int, r: random.Random, template: Any = None, **kw: Any) -> list[dict[str, Any]]:
     fams, temps = schemas.families("train"), render.templates("train")
+    template = template or (lambda r: r.choice(temps))
     out = []
     for _ in range(n):
-        ex = extraction_example(r, r.choice(fams), r.choice(temps), **{k: v(r) for k, v in kw.items()})
+        ex = extraction_example(r, r.choice(fams), template(r), **{k: v(r) for k, v in kw.items()})
         out.append({**(fresh_names(r, ex) if r.random() < FRESH_NAMES else ex), "split": "train"})
     return out
 
@@ -218,6 +219,19 @@ def absent_record_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
     (True, 'train')
     """
     return _training_extractions(n, random.Random(f"{seed}:absent_records"), absent=lambda r: r.choice((1, 1, 2)))
+
+
+def phrasing_record_corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` training extraction examples asked for by a composed instruction
+    (:func:`~dgemma_struct.training.render.composed_template`: thousands of phrasings, none sharing
+    a word trigram with a held-out template). The embedded model's AR accuracy was 10 pp lower on
+    held-out phrasings than on held-out families (issue #33); 29 training templates are few.
+
+    >>> ex = phrasing_record_corpus(1, seed=2)[0]
+    >>> ex["template"] in render.TEMPLATES, ex["split"]
+    (False, 'train')
+    """
+    return _training_extractions(n, random.Random(f"{seed}:phrasing_records"), template=render.composed_template)
 
 
 def make_generalise_corpus(n: int, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:

@@ -185,7 +185,7 @@ def self_condition_logits(model, kwargs: dict, noisy: torch.Tensor, recipe: Diff
 
 def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, mix: float,
                  fresh_names: float = 0.0, short_records: float = 0.0, tables: float = 0.0,
-                 absent: float = 0.0) -> list[dict]:
+                 absent: float = 0.0, phrasings: float = 0.0) -> list[dict]:
     """``size`` examples of corpus ``name``; with ``mix`` > 0 that share of them is the original
     corpus (``makers["default"]``: families, tool calls, short answers, thinking), shuffled in;
     ``fresh_names`` of those original examples name their people with invented names
@@ -195,7 +195,8 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
     (:func:`~dgemma_struct.training.generalise.short_record_example`); ``tables`` of it are extraction
     records laid out as a Markdown table (:func:`~dgemma_struct.training.generalise.table_record_corpus`);
     ``absent`` of it ask for optional fields the source does not hold
-    (:func:`~dgemma_struct.training.generalise.absent_record_corpus`).
+    (:func:`~dgemma_struct.training.generalise.absent_record_corpus`); ``phrasings`` of it are asked for
+    by composed instructions (:func:`~dgemma_struct.training.generalise.phrasing_record_corpus`).
 
     >>> from dgemma_struct.training.corpus import make_corpus
     >>> len(mixed_corpus({"default": make_corpus}, "default", 10, 0, 0.5))
@@ -207,17 +208,19 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
         raise InvalidRequestError(f"mix must be in [0, 1), got {mix!r}")
     if not 0 <= fresh_names <= 1:
         raise InvalidRequestError(f"fresh_names must be in [0, 1], got {fresh_names!r}")
-    shares = (("short_records", short_records), ("tables", tables), ("absent", absent))
+    shares = (("short_records", short_records), ("tables", tables), ("absent", absent), ("phrasings", phrasings))
     for i, (what, share) in enumerate(shares):  # each extra share leaves room for the main corpus
         before = [n for n, _ in shares[:i]]
         if not 0 <= share < 1 - mix - sum(v for _, v in shares[:i]):
             raise InvalidRequestError(f"{what} must be in [0, {' - '.join(['1', 'mix', *before])}), got {share!r}")
-    from dgemma_struct.training.generalise import absent_record_corpus, short_record_corpus, table_record_corpus
+    from dgemma_struct.training.generalise import (absent_record_corpus, phrasing_record_corpus, short_record_corpus,
+                                                   table_record_corpus)
 
     n_orig = round(size * mix)
     extras = [(round(size * share), make) for share, make in ((short_records, short_record_corpus),
                                                               (tables, table_record_corpus),
-                                                              (absent, absent_record_corpus))]
+                                                              (absent, absent_record_corpus),
+                                                              (phrasings, phrasing_record_corpus))]
     out = makers[name](size - n_orig - sum(n for n, _ in extras), seed=seed)
     for n, make in extras:
         if n:

@@ -15,6 +15,7 @@ out when :func:`~dgemma_struct.training.schemas.bucket` of its text (4 parts) is
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from dgemma_struct.training.schemas import bucket, split_words
@@ -80,6 +81,56 @@ def held_out_template(template: str) -> bool:
 def templates(split: str, pool: tuple[str, ...] = TEMPLATES) -> list[str]:
     """The templates of ``split``: ``"train"`` or ``"held_out"``."""
     return [t for t in pool if held_out_template(t) == (split == "held_out")]
+
+
+# Parts of composed instructions (:func:`composed_template`), training only: a request, what it asks
+# for, the output format, where the source goes. None of them is a held-out template's wording.
+_ASK = ("Extract", "Get", "Pull out", "List", "Find", "Give", "Provide", "Write down", "Collect", "Report",
+        "Copy out", "Note", "Take", "Fetch", "Gather", "Produce")
+_WHAT = ("the {keys}", "{keys}", "the {noun}'s {keys}", "the fields {keys}", "the {noun} fields {keys}",
+         "each value for {keys}", "these fields: {keys}")
+_AS = ("as JSON", "in JSON", "in JSON format", "as a JSON record", "into JSON", "as one JSON object", "using JSON",
+       "in a JSON object", "as a JSON dict", "formatted as JSON")
+_LEAD = ("", "", "Please ", "Kindly ", "Now ", "Quick one: ", "Task: ")
+_TAIL = ("", "", " JSON only.", " No extra text.", " Nothing else.", " Thanks!", " Keep the values verbatim.")
+_ASKING = ("Can you {ask} {what} {as}?", "Could you {ask} {what} {as}?", "Would you {ask} {what} {as}?",
+           "{lead}{Ask} {what} {as}.", "{lead}{Ask} {what} {as}.", "{lead}{Ask} {what} from the {noun} {as}.",
+           "{lead}{Ask} {what} {as} from the text.")
+_SOURCE = ("{src}", "{src}", "Text: {src}", "Source: {src}", "Note: {src}", "Record: {src}", '"{src}"',
+           "Data:\n{src}", "Details: {src}", "<<{src}>>", "The {noun}:\n{src}")
+_SEPS = ("\n", "\n", "\n\n", " ")
+
+
+def _trigrams(template: str) -> set[tuple[str, ...]]:
+    ws = re.findall(r"\{\w+\}|\w+", template.lower())
+    return {tuple(ws[i:i + 3]) for i in range(len(ws) - 2)}
+
+
+#: word trigrams of the held-out extraction templates: no composed instruction holds one
+HELD_OUT_TRIGRAMS = set().union(*(_trigrams(t) for t in templates("held_out")))
+
+
+def composed_template(r: random.Random) -> str:
+    """An extraction instruction composed from parts (request, fields, format, source), for
+    training on more phrasings than :data:`TEMPLATES` holds. Decontaminated: a draw that shares
+    a word trigram with a held-out template (or is one of :data:`TEMPLATES`) is drawn again, so
+    the held-out-phrasings split stays unseen.
+
+    >>> t = composed_template(random.Random(0))
+    >>> t.count("{src}"), not _trigrams(t) & HELD_OUT_TRIGRAMS
+    (1, True)
+    """
+    while True:
+        ask, lead, what, asking = r.choice(_ASK), r.choice(_LEAD), r.choice(_WHAT), r.choice(_ASKING)
+        if "{noun}" in what:
+            asking = asking.replace(" from the {noun}", "")
+        body = asking.format(ask=ask.lower(), Ask=ask if lead.endswith(": ") or not lead else ask.lower(), lead=lead,
+                             what=what, noun="{noun}", keys="{keys}", src="{src}", **{"as": r.choice(_AS)})
+        body += r.choice(_TAIL)
+        src, sep = r.choice(_SOURCE), r.choice(_SEPS)
+        t = body + sep + src if r.random() < 0.7 else src + sep + body
+        if t not in TEMPLATES and not _trigrams(t) & HELD_OUT_TRIGRAMS:
+            return t
 
 
 def label(r: random.Random, name: str) -> str:

@@ -186,10 +186,10 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
           threads: int = 2, log_every: int = 25, resume: bool = False, device: str | torch.device = "auto",
           dtype: str | torch.dtype | None = "auto", corpus: str = "default", init_from: str | Path | None = None,
           mix: float = 0.0, fresh_names: float = 0.0, short_records: float = 0.0, tables: float = 0.0,
-          absent: float = 0.0, warmup: int = 150, lr_floor: float = 0.1, checkpoint_every: int = 250,
-          keep_checkpoints: bool = False, diffusion_views: int = 1, diffusion_weight: float = 1.0,
-          t_dist: str = "uniform", self_condition: float = 0.5, sc_like_inference: bool = False,
-          prefix: float = 0.0, frontier: float = 0.0, frontier_weight: float = 0.0,
+          absent: float = 0.0, phrasings: float = 0.0, warmup: int = 150, lr_floor: float = 0.1,
+          checkpoint_every: int = 250, keep_checkpoints: bool = False, diffusion_views: int = 1,
+          diffusion_weight: float = 1.0, t_dist: str = "uniform", self_condition: float = 0.5,
+          sc_like_inference: bool = False, prefix: float = 0.0, frontier: float = 0.0, frontier_weight: float = 0.0,
           grow_depth: float | None = None) -> dict:
     """Builds the corpus and tokenizer, trains until ``minutes`` or ``max_steps``, saves the
     checkpoint (model, tokenizer, generation config) into ``out_dir`` and the log beside it.
@@ -215,7 +215,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     the corpus drawn from the original one, ``fresh_names`` the share of those whose people get
     invented names, ``short_records`` the share of two- or three-field records in one sentence
     ending in a number, ``tables`` the share of extraction records laid out as a Markdown table, ``absent`` the share
-    asking for optional fields the source does not hold; the
+    asking for optional fields the source does not hold, ``phrasings`` the share asked for by composed instructions; the
     learning rate warms up over ``warmup`` steps, then decays by a cosine to ``lr_floor * lr``; a
     checkpoint every ``checkpoint_every`` steps (with ``keep_checkpoints`` also the model alone in
     ``step_NNNNN/``). The diffusion objective:
@@ -258,7 +258,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
 
             model = grow(model, grow_depth)
     corpus_name, corpus = corpus, mixed_corpus(CORPORA, corpus, corpus_size, seed, mix, fresh_names,
-                                                      short_records, tables, absent)
+                                                      short_records, tables, absent, phrasings)
     log: list[dict] = []
     if resume:
         tokenizer = AutoTokenizer.from_pretrained(out_dir)
@@ -344,7 +344,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
             "autocast": None if amp == torch.float32 else str(amp).removeprefix("torch."),
             "schedule": "steps" if max_steps is not None else "wall-time", "init_from": str(init_from or "") or None,
             "mix": mix, "fresh_names": fresh_names, "short_records": short_records, "tables": tables, "absent": absent,
-            "warmup": warmup, "lr_floor": lr_floor, "layers": config.get_text_config().num_hidden_layers,
+            "phrasings": phrasings, "warmup": warmup, "lr_floor": lr_floor, "layers": config.get_text_config().num_hidden_layers,
             "grow_depth": grow_depth, "diffusion": recipe.as_dict()}
     (out_dir / "training_meta.json").write_text(json.dumps(meta, indent=1))
     return meta
