@@ -131,3 +131,43 @@ def test_a_range_narrower_than_any_written_number_pins_one_valid_value(rt):
             assert got == want, (schema, got)
     c = compile_constraint({"type": "number", "minimum": -1e-300, "maximum": 5}, tokenizer=rt.tokenizer)
     assert c.matches("3.5") and c.matches("0")  # a wide range keeps its superset grammar
+
+
+def test_wide_float_literals_without_an_integer_are_spelled_short_and_exactly(rt):
+    """A wide float ``const`` / ``enum`` with no ``integer`` anywhere was handed to llguidance, which
+    spells it as all its digits: 301 for ``1e300`` (a LengthError: "every output needs at least 309
+    tokens" on JSONSchemaBench), and digits the validator then refuses (``10**300`` is not the double
+    ``1e300``). It is now written as its JSON text, where the structure allows."""
+    from dgemma_struct.constraints import compile_constraint
+
+    c = compile_constraint({"enum": [1e300, 2]}, tokenizer=rt.tokenizer)
+    assert c.matches("1e+300") and c.matches("2") and not c.matches("1" + "0" * 300) and not c.matches("3")
+    c = compile_constraint({"type": "object", "properties": {"a": {"enum": [1e300, "x"]}}, "required": ["a"]},
+                           tokenizer=rt.tokenizer)
+    assert c.matches('{"a":1e+300}') and c.matches('{"a":"x"}') and not c.matches('{"a":5}')
+
+
+def test_an_all_of_with_finite_branches_is_their_common_literals(rt):
+    """``allOf: [{enum: [1e308]}, {not: ...}]`` (JSONSchemaBench Synthesized): the grammar copy dropped
+    the enum and wrote no literal (only one-branch ``allOf`` was reached), so any number was drafted
+    and validation refused it four times. The grammar is now the branches' common literals (validation
+    still checks the rest)."""
+    from dgemma_struct.constraints import compile_constraint
+
+    s = {"allOf": [{"enum": [1e308]}, {"not": {"multipleOf": 0.123456789, "type": "integer"}}]}
+    c = compile_constraint(s, tokenizer=rt.tokenizer)
+    assert c.grammar_accepts("1e+308") and not c.grammar_accepts("-143") and c.matches("1e+308")
+    c = compile_constraint({"allOf": [{"enum": [1e308, -1e308, 5]}, {"const": -1e308}]}, tokenizer=rt.tokenizer)
+    assert c.matches("-1e+308") and not c.grammar_accepts("1e+308") and not c.grammar_accepts("5")
+
+
+def test_multiple_of_is_exact_for_huge_quotients():
+    """``1e308 / 0.123456789`` is not an integer; a 28-digit Decimal quotient rounded it to one, so
+    ``not: {multipleOf: 0.123456789}`` refused 1e308 (the JSON-Schema-Test-Suite's "float division = inf")."""
+    from dgemma_struct.constraints.json_schema import make_validator
+
+    cases = [(0.123456789, 1e308, False), (0.1, 0.3, True), (0.0001, 0.0075, True), (0.0001, 0.00751, False),
+             (1e-8, 12391239123, True), (0.01, 1e308, True), (1.5, 4.5, True), (2, 7, False), (3, 2 ** 70 * 3, True)]
+    for step, x, ok in cases:
+        assert make_validator({"multipleOf": step}).is_valid(x) is ok, (step, x)
+    assert make_validator({"not": {"type": "integer", "multipleOf": 0.123456789}}).is_valid(1e308)

@@ -95,9 +95,9 @@ def _decimal_multiple_of(validator: Any, dB: Any, instance: Any, schema: Any) ->
         bad = instance % dB != 0
     else:
         try:
-            q = Decimal(repr(instance)) / Decimal(repr(dB))
-            bad = q != q.to_integral_value()
-        except (InvalidOperation, ValueError):  # e.g. dB == 0 (rejected by the metaschema)
+            (a, b), (c, d) = Decimal(repr(instance)).as_integer_ratio(), Decimal(repr(dB)).as_integer_ratio()
+            bad = (a * d) % (b * c) != 0   # exact (a 28-digit quotient makes 1e308 a multiple of 0.123456789)
+        except (InvalidOperation, ValueError, OverflowError, ZeroDivisionError):  # dB == 0: the metaschema refuses
             bad = True
     if bad:
         yield jsonschema.ValidationError(f"{instance!r} is not a multiple of {dB!r}")

@@ -340,8 +340,11 @@ class _LiteralGrammar:
         for kw in ("anyOf", "oneOf", "allOf"):
             subs = node.get(kw)
             if isinstance(subs, list):
-                if kw == "allOf" and len(subs) != 1:
-                    raise _Unsupported
+                if kw == "allOf" and len(subs) != 1:  # bounded by its finite branches: their common literals
+                    sets = [b[_MARK] for b in subs if isinstance(b, dict) and _MARK in b] or [()]
+                    vals = [v for v in sets[0] if all(any(v == w and isinstance(v, bool) == isinstance(w, bool)
+                                                          for w in o) for o in sets[1:])]
+                    return self.expr({**{k: v for k, v in node.items() if k != kw}, _MARK: vals}, depth + 1)
                 rest = {k: v for k, v in node.items() if k != kw}
                 alts = [self.expr({**rest, **b} if isinstance(b, dict) else b, depth + 1) for b in subs]
                 return "(" + " | ".join(alts) + ")"

@@ -347,6 +347,8 @@ def drop_wide_literals(s: dict, dropped: list[str] | None, float_values: bool = 
     for kw in [k for k in s if k not in STRUCTURAL]:
         v = s[kw]
         if not has_wide_number(v, floats=float_values or kw not in ("const", "enum")):
+            if kw in ("const", "enum") and marks is not None and has_wide_number(v):  # wide floats, handed over:
+                marks.append((s, kw, [v] if kw == "const" else v, written_here(path)))  # spelled short where possible
             continue
         s.pop(kw)
         if kw in ("const", "enum"):
