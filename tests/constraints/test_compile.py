@@ -168,6 +168,32 @@ def test_dependent_required_is_compiled_exactly_over_declared_properties(hf_tok)
     assert "dependentRequired" in compile_constraint(undeclared, tokenizer=hf_tok).semantic_keywords
 
 
+def test_one_of_required_lists_is_compiled_exactly_over_declared_properties(hf_tok):
+    """"either radius, or length and width": exactly one branch holds, in the grammar (llguidance reads
+    oneOf as anyOf, so a draft with both alternatives was refused by validation and repaired)."""
+    props = {k: {"type": "number"} for k in ("length", "radius", "width")}
+    s = {"type": "object", "properties": props, "oneOf": [{"required": ["length", "width"]}, {"required": ["radius"]}]}
+    c = compile_constraint(s, tokenizer=hf_tok, strict=True)
+    assert not c.semantic_keywords
+    for text, ok in (('{"length":1,"width":2}', True), ('{"radius":3}', True), ('{"length":1,"radius":3}', True),
+                     ('{"length":1,"width":2,"radius":3}', False), ('{}', False), ('{"width":2}', False)):
+        assert c.grammar_accepts(text) is ok and c.matches(text) is ok, text
+    # no pattern meets it where the object must be written: an error; where it is optional: left out
+    sat = {"type": "object", "properties": {"m": dict(s, required=["length", "radius", "width"]), "n": {}},
+           "required": ["m"]}
+    with pytest.raises(SchemaError, match="unsatisfiable"):
+        compile_constraint(sat, tokenizer=hf_tok)
+    c = compile_constraint(dict(sat, required=["n"]), tokenizer=hf_tok)
+    assert c.matches('{"n":1}') and not c.grammar_accepts('{"m":{"length":1,"radius":3,"width":2},"n":1}')
+    # an undeclared name, other keywords in a branch, or too many names: left to validation, as before
+    for one_of in ([{"required": ["x"]}, {"required": ["radius"]}], [{"required": ["radius"], "minProperties": 2},
+                                                                      {"required": ["length"]}]):
+        assert "oneOf" in compile_constraint(dict(s, oneOf=one_of), tokenizer=hf_tok).semantic_keywords
+    wide = {"type": "object", "properties": {k: {} for k in "abcdef"},
+            "oneOf": [{"required": ["a", "b", "c"]}, {"required": ["d", "e", "f"]}]}
+    assert "oneOf" in compile_constraint(wide, tokenizer=hf_tok).semantic_keywords
+
+
 def test_whitespace_and_separators(hf_tok):
     s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
          "required": ["a", "b"], "additionalProperties": False}

@@ -24,7 +24,7 @@ from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
-from .dependent_required import dependency_keywords
+from .presence_rules import dependency_keywords
 from .field_bounds import bound_fields
 from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
                        has_wide_number, is_ecma_regex)
@@ -160,7 +160,7 @@ def iter_issues(validator: Any, instance: Any) -> list[tuple[tuple, str]]:
 
 #: the keywords :func:`_grammar_copy` may rewrite
 _REWRITTEN = frozenset(("minProperties", "exclusiveMinimum", "exclusiveMaximum", "items", "dependencies", "multipleOf",
-                        "format", "dependentRequired", GRAMMAR_KEY))
+                        "format", "dependentRequired", "oneOf", GRAMMAR_KEY))
 
 _EXPONENT = re.compile(r"e[-+][0-9]")  # a float that may be an extreme bound (literals.drop_extreme_bounds)
 
