@@ -66,9 +66,9 @@ def test_the_repair_plan_of_each_error_shape(text, issue, offset, bans, rejected
     assert plan.offset == offset
     assert [(b.path, b.text, b.prefix) for b in plan.bans] == bans
     assert [r.path for r in plan.rejected] == [rejected]
-    # only a superfluous item after the first offers the ban that ends its array before it
+    # only a superfluous item or a duplicate after the first item offers the ban that ends its array before it
     assert [(b.path, b.text, b.prefix) for b, _ in plan.closing] == (
-        [(("s",), b'["go","sql",', True)] if issue[1].startswith("written more") else [])
+        [(("s",), b'["go","sql",', True)] if issue[1].startswith(("written more", "['go'")) else [])
 
 
 def _ids(rt, text):
@@ -248,3 +248,22 @@ def test_a_second_repeated_grounded_item_in_the_same_list_ends_the_list_there(to
         assert ex.admissible(at, _ids(tok_runtime, more)) == 0, more
     # a list that differs before that point is not closed by it
     assert ex.admissible(_ids(tok_runtime, '{"b":["scale"'), _ids(tok_runtime, ',"collapse"]}')) > 0
+
+
+def test_a_second_duplicate_in_the_same_unique_list_ends_the_list_there(tok_runtime):
+    """uniqueItems: the first repair restarts after the item before the duplicate (the list may go on
+    with another item); a duplicate again in that list on the next attempt ends the list there."""
+    schema = {"type": "object", "properties": {"s": {"type": "array", "items": {"type": "string"},
+                                                     "uniqueItems": True}}, "required": ["s"]}
+    c = constraint_for(schema, tok_runtime)
+    s = RepairSession(tok_runtime, [], c, GenerateOptions(), seed=0, deadline=None)
+    assert isinstance(s.judge(Attempt(_ids(tok_runtime, '{"s":["go","sql","go"]}'), True, False, GenerationStats())),
+                      Redo)
+    assert not any(b.prefix for b in s.bans)
+    assert isinstance(s.judge(Attempt(_ids(tok_runtime, '{"s":["go","sql","c","sql"]}'), True, False,
+                                      GenerationStats()), 1), Redo)
+    assert Ban(("s",), b'["go","sql","c",', prefix=True, delimited=False) in s.bans
+    ex = _exclusion(tok_runtime, c, s.bans)
+    at = _ids(tok_runtime, '{"s":["go","sql","c"')
+    assert ex.admissible(at, _ids(tok_runtime, "]}")) == len(_ids(tok_runtime, "]}"))
+    assert ex.admissible(at, _ids(tok_runtime, ',"x"]}')) == 0

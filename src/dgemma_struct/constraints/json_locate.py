@@ -178,8 +178,8 @@ class RepairPlan:
     """What one rejected output tells the repair: where renoising restarts (``offset``, a character
     of the answer), the values that must not come back (``bans``; ``spans[i]``: where ban ``i``'s
     text is in the answer, or None) and the ``rejected`` values. ``closing``: for each superfluous
-    item, the ban (with its span) that ends its array before it -- its items up to there and a
-    comma, as a prefix -- for a repair to add when the same array had a superfluous item before."""
+    item or first duplicate, the ban (with its span) that ends its array before it -- its items up to
+    there and a comma, as a prefix -- for a repair to add when the same array had one before."""
 
     offset: int
     bans: list[Ban] = field(default_factory=list)
@@ -200,8 +200,8 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
       may be written at that position;
     * a ``superfluous`` item (an issue saying the item should not be there at all): the same, with
       that item's text banned at its position and at every later one up to one past the array's
-      written length (else the repair moves the same item one place on, once per attempt); the ban
-      that closes the array before it is in ``closing``;
+      written length (else the repair moves the same item one place on, once per attempt); for
+      both, the ban that closes the array before the item is in ``closing``;
     * an object (``required``, ``dependentRequired``, ``if``/``then``, a model validator): renoising
       starts at the earliest member the message names ('quoted', or else as a word: a model validator's
       "check_out must be after check_in" restarts at ``check_in``) that is present, else at the last
@@ -238,10 +238,11 @@ def repair_plan(text: str, issues: Sequence[Any]) -> RepairPlan:
                 plan.bans.append(ban)
                 plan.spans.append(span)
         plan.rejected.append(rejected)
-        if superfluous and p and isinstance(p[-1], int) and p[-1] > 0 and p[:-1] in spans:
-            arr, gap = spans[p[:-1]][0], _item_gap(spans, p)
+        item = rejected.path   # a superfluous item or an array's first duplicate: the array may end before it
+        if (superfluous or item != p) and item and isinstance(item[-1], int) and item[-1] > 0 and item[:-1] in spans:
+            arr, gap = spans[item[:-1]][0], _item_gap(spans, item)
             if text[gap:gap + 1] == ",":
-                plan.closing.append((Ban(p[:-1], text[arr:gap + 1].encode(), prefix=True, delimited=False),
+                plan.closing.append((Ban(item[:-1], text[arr:gap + 1].encode(), prefix=True, delimited=False),
                                      (arr, gap + 1)))
     return plan
 

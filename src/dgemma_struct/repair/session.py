@@ -151,7 +151,7 @@ class RepairSession:
         # each distinct rejected (path, text as written): its messages and how often an attempt wrote it
         self.rejected: dict[tuple[tuple, str], list[str]] = {}
         self.rejected_times: dict[tuple[tuple, str], int] = {}
-        self.superfluous_in: set[tuple] = set()   # arrays an attempt wrote a superfluous item in
+        self.superfluous_in: set[tuple] = set()   # arrays an attempt wrote a superfluous item or duplicate in
 
     def exclusion(self) -> Exclusion | None:
         """The rule that keeps this session's rejected values out of its next attempt (None: none yet)."""
@@ -311,8 +311,8 @@ class RepairSession:
         pieces = [self.rt.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
         if reject:
             index = TokenBytes.of(self.c.tokenizer_info)
-            # a second superfluous item in the same array: the array ends before it (the model repeated
-            # an item on every attempt, measured; banning each repeat moved it to the next position)
+            # a second superfluous item (or duplicate) in the same array: the array ends before it (the model
+            # repeated an item on every attempt, measured; banning each repeat moved it to the next position)
             closing = [(b, s) for b, s in plan.closing if b.path in self.superfluous_in]
             self.superfluous_in.update(b.path for b, _ in plan.closing)
             bans = [sharpen(b, span and (skip + span[0], skip + span[1]), self.c.canvas_walker(), tokens, pieces,
