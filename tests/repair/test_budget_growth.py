@@ -173,3 +173,30 @@ def test_a_long_closing_is_planned_before_the_usual_window(tok_runtime):
     short = RowState(walker=constraint_for(SCHEMA, tok_runtime).canvas_walker(), budget=128)
     assert closing.free_room(short, (0, 32)) == (127, [])
 
+
+
+def test_a_closing_search_that_finds_no_valid_plan_backs_off(tok_runtime, monkeypatch):
+    """Where no closing plan validates, the searches are not rerun after every commit: the row backs
+    off (8 commits, then 16 ... up to 128), keeping its last plan while the masks still take it. On
+    large JSONSchemaBench schemas each search took 0.3-1.5 s and every such request ran into its
+    timeout. A valid plan ends the back-off."""
+    from dgemma_struct.guide.rows import RowState
+
+    c = constraint_for(SCHEMA, tok_runtime)
+    w = c.canvas_walker()
+    row = RowState(walker=w, budget=200)
+    calls, result = [], {"plan": None}
+    monkeypatch.setattr(closing, "closing_plan", lambda *a, **k: calls.append(len(w.frozen_tokens)) or result["plan"])
+    ids = tok_runtime.tokenizer.encode('{"a":1,"s":"' + "x" * 80, add_special_tokens=False)
+    for t in ids:
+        w.commit([t])
+        closing._estimate(row, len(w.frozen_tokens), 150)
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert len(calls) < len(ids) // 4 and gaps[:3] == [8, 16, 32], calls
+    # a plan that validates again: searched the next time the back-off allows, then every commit
+    result["plan"] = tok_runtime.tokenizer.encode('"}', add_special_tokens=False)
+    n = len(calls)
+    for t in tok_runtime.tokenizer.encode("y" * 70, add_special_tokens=False):
+        w.commit([t])
+        closing._estimate(row, len(w.frozen_tokens), 150)
+    assert len(calls) > n and row.search_gap == 0

@@ -32,6 +32,7 @@ FAR_FROM_END = 96       # more tokens left than this (and than a plan and a step
 PLAN_BONUS = 1e4        # added to a plan token's (masked) logit
 PEAK_WINDOW = 48        # commits over which the longest closing plan counts (:func:`_plan_peak`)
 NEAR_END_CHECKED = 4    # AR near the end: the top tokens checked for a closing plan (:func:`keep_a_plan`)
+SEARCH_BACKOFF = (8, 128)  # commits without a closing search after one found no valid plan: first, at most
 
 def free_room(row: RowState, canvas: tuple[int, int] | None, margin: int | None = None) -> tuple[int, list[int] | None]:
     """``(tokens the row may still commit freely, its closing plan)``. Room 0 means: close now,
@@ -96,13 +97,25 @@ def _next_plan(row: RowState, remaining: int) -> list[int] | None:
     that followed it, while it still completes the output within ``remaining`` (incremental: no search
     per commit while the row writes inside a string); else a fresh :func:`closing_plan`."""
     w, est = row.walker, row.closing_est
-    if est is not None and est[1] is not None and est[0] <= len(w.frozen_tokens):
+    n, plan = len(w.frozen_tokens), None
+    if est is not None and est[1] is not None and est[0] <= n:
         old, new = est[1], w.frozen_tokens[est[0]:]
         plan = old[len(new):] if old[:len(new)] == new else old
         if len(plan) <= remaining and plan_still_closes(w, plan):
             return plan
+    if n < row.search_after:  # backing off: the last plan, advanced, while the masks still take it
+        return plan if plan is not None and len(plan) <= remaining and plan_still_closes(w, plan, validate=False) \
+            else None
     quote, bracket, byte_ids, byte_values = closer_ids(w)
-    return closing_plan(w, quote, bracket, remaining, byte_ids, byte_values)
+    plan = closing_plan(w, quote, bracket, remaining, byte_ids, byte_values)
+    if plan is None or not plan_still_closes(w, plan):
+        # no valid plan: the searches would not find one a commit later either, and they took 0.3-1.5 s
+        # per step on large JSONSchemaBench schemas (each request ran into its timeout)
+        row.search_gap = min(2 * row.search_gap, SEARCH_BACKOFF[1]) if row.search_gap else SEARCH_BACKOFF[0]
+        row.search_after = n + row.search_gap
+    else:
+        row.search_gap = 0
+    return plan
 
 
 def bias_plan(logits: torch.Tensor, plan: Sequence[int], stop_ids: Sequence[int]) -> None:
@@ -164,7 +177,8 @@ def _fitting_prefix(row: RowState, run: list[int], remaining: int, margin: int) 
             w.commit(forced)
             left = remaining - k - len(forced)
             quote, bracket, byte_ids, byte_values = closer_ids(w)
-            plan = closing_plan(w, quote, bracket, left, byte_ids, byte_values) if left > 0 else None
+            plan = closing_plan(w, quote, bracket, left, byte_ids, byte_values,
+                                search=base >= row.search_after) if left > 0 else None
             if plan is not None and len(plan) + margin <= left:
                 return k
         finally:

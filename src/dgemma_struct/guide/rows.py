@@ -38,6 +38,8 @@ class RowState:
     closing_est: tuple | None = None     # (walker length, closing plan or None): the cached estimate
     plan_hint: int | None = None         # the longest closing plan estimated so far (the first: at the row's start)
     plan_lens: list = field(default_factory=list)  # (committed, plan length) of recent estimates
+    search_after: int = 0                # walker length before which no closing search runs (its back-off)
+    search_gap: int = 0                  # the back-off's current length in commits
     id: int = 0                          # the row's index in its guide's ``outcome`` numbering
     canvas0: int = 0                     # the batch's canvas index when the row joined it
     lp_top: int | None = None            # record logprobs with this many alternatives (None: none)
