@@ -186,7 +186,8 @@ def test_a_closing_search_that_finds_no_valid_plan_backs_off(tok_runtime, monkey
     w = c.canvas_walker()
     row = RowState(walker=w, budget=200)
     calls, result = [], {"plan": None}
-    monkeypatch.setattr(closing, "closing_plan", lambda *a, **k: calls.append(len(w.frozen_tokens)) or result["plan"])
+    monkeypatch.setattr(closing, "closing_plan_checked",
+                        lambda *a, **k: calls.append(len(w.frozen_tokens)) or (result["plan"], result["plan"] is not None))
     ids = tok_runtime.tokenizer.encode('{"a":1,"s":"' + "x" * 80, add_special_tokens=False)
     for t in ids:
         w.commit([t])

@@ -12,7 +12,7 @@ Modules: :mod:`.specs` (what the output must be), :mod:`.compile` (spec -> const
 (budget-aware closing plans), :mod:`.tokenizer`, :mod:`.safety`, :mod:`.thinking`.
 """
 from .bitmask_np import allowed_among, bitmask_allows, bitmask_to_bool
-from .closing import closer_ids, closing_candidates, closing_plan, plan_still_closes
+from .closing import closer_ids, closing_candidates, closing_plan, closing_plan_checked, plan_still_closes
 from .compile import cache_clear, cache_info, compile_constraint
 from .constraint import (ChoiceValidator, Constraint, ConstraintKind, GrammarValidator, JsonValidator, ValidationIssue,
                          ValidationOutcome, Validator)
@@ -25,4 +25,4 @@ __all__ = ["compile_constraint", "Constraint", "Regex", "Grammar", "Choice", "Js
            "WalkResult", "ValidationIssue", "ValidationOutcome", "TokenizerInfo", "get_tokenizer_info",
            "tokenizer_from_tiktoken", "default_stop_token_ids", "cache_info", "cache_clear", "builtin_grammars",
            "bitmask_allows", "bitmask_to_bool", "ConstraintKind", "Validator", "JsonValidator", "ChoiceValidator",
-           "GrammarValidator", "closing_plan", "closing_candidates", "closer_ids", "plan_still_closes", "allowed_among"]
+           "GrammarValidator", "closing_plan", "closing_plan_checked", "closing_candidates", "closer_ids", "plan_still_closes", "allowed_among"]

@@ -125,8 +125,16 @@ def closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, ma
     preference, ``byte_ids[i]`` spells ``byte_values[i]``). ``search=False``: the two greedy walks only
     (the search took ~1 s per call on large JSONSchemaBench schemas where none of the three finds a
     valid plan; the guide backs off from it, :mod:`dgemma_struct.guide.budget`)."""
+    return closing_plan_checked(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values, search=search)[0]
+
+
+def closing_plan_checked(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int,
+                         byte_ids: np.ndarray | None = None, byte_values: bytes = b"", *,
+                         search: bool = True) -> tuple[list[int] | None, bool]:
+    """:func:`closing_plan`, and whether its completion passes validation (False for the shortest
+    plan kept when none does, and for None)."""
     if walker.eos_committed:
-        return []
+        return [], True
     if byte_ids is None or not len(byte_values):
         quote_ids, bracket_ids, byte_ids, byte_values = closing_candidates(walker.constraint.tokenizer_info)
     try:
@@ -136,21 +144,21 @@ def closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, ma
 
 
 def _closing_plan(walker: Any, quote_ids: np.ndarray, bracket_ids: np.ndarray, max_n: int, byte_ids: np.ndarray,
-                  byte_values: bytes, search: bool = True) -> list[int] | None:
+                  byte_values: bytes, search: bool = True) -> tuple[list[int] | None, bool]:
     with engine_guard("planning a closing"):
         # every plan is checked against the masks too: the guide commits it as the walker walks it
         greedy = _greedy_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
         if greedy is not None and _completion_valid(walker, greedy) and _mask_closes(walker, greedy):
-            return greedy
+            return greedy, True
         step = stepwise_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values)
         if step is not None and _completion_valid(walker, step) and _mask_closes(walker, step):
-            return step
+            return step, True
         found = search_closing(walker, quote_ids, bracket_ids, max_n, byte_ids, byte_values) if search else []
         for plan in found:
             if _completion_valid(walker, plan) and _mask_closes(walker, plan):
-                return plan
+                return plan, True
         plans = [p for p in (greedy, step, *found[:1]) if p is not None and _mask_closes(walker, p)]
-    return min(plans, key=len) if plans else None
+    return (min(plans, key=len) if plans else None), False
 
 
 def plan_still_closes(walker: Any, plan: list[int], *, validate: bool = True) -> bool:

@@ -158,7 +158,6 @@ def _search_levels(walker: Any, cur: MatcherCursor, tok: Any, reps: np.ndarray, 
                 continue
             seen_bytes.add(pb)
             examined += 1
-            total += 1
             if not cur.goto(plan):
                 continue
             m = cur.m
@@ -189,6 +188,7 @@ def _search_levels(walker: Any, cur: MatcherCursor, tok: Any, reps: np.ndarray, 
             # bytes the plan has used least first: writing '-' forever never closes anything
             cand += sorted((int(reps[k]) for k in ok), key=lambda t: pb.count(tok.decode_bytes([t])))
             groups.append([(plan + [t], pb + tok.decode_bytes([t])) for t in dict.fromkeys(cand)])
+        total += examined
         if stop_depth is not None and depth >= stop_depth + CLOSING_EXTRA_LEVELS:
             break
         # interleaved: the first child of every state, then the second ..., so no state fills the level

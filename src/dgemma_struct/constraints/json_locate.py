@@ -263,7 +263,7 @@ def _value_plan(text: str, spans: dict, members: dict, p: tuple, v: Any, message
             Rejection(p, text[start:end], message)
     kids = _children(spans, p)
     if isinstance(v, list) and "unique" in message.lower():
-        k = next((k for k in range(1, len(v)) if any(_same(v[k], v[i]) for i in range(k))), None)
+        k = next((k for k in range(1, len(v)) if any(json_equal(v[k], v[i]) for i in range(k))), None)
         if k is not None and p + (k,) in spans:
             ks, ke = spans[p + (k,)]
             before = {text[slice(*spans[p + (i,)])] for i in range(k) if p + (i,) in spans}
@@ -298,7 +298,7 @@ def _item_gap(spans: dict, item: tuple) -> int:
     return spans[item[:-1]][0] + 1 if item[:-1] in spans else spans[item][0]
 
 
-def _same(a: Any, b: Any) -> bool:
+def json_equal(a: Any, b: Any) -> bool:
     """JSON equality (``1 == 1.0`` but ``1 != true``), as ``uniqueItems`` compares."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b

@@ -24,10 +24,10 @@ from referencing.exceptions import Unresolvable
 
 from dgemma_struct.errors import ConstraintCompileTimeout, InvalidRequestError, SchemaError, UnsupportedKeywordError
 
-from .presence_rules import dependency_keywords
 from .field_bounds import bound_fields
 from .literals import (decimal_step_copy, drop_extreme_bounds, drop_wide_literals, exact_literal_grammar,
                        has_wide_number, is_ecma_regex)
+from .presence_rules import dependency_keywords
 from .regex_ascii import as_written, re_pattern, re_schema
 from .type_rules import EMAIL_GRAMMAR_PATTERN, GRAMMAR_KEY, grammar_form  # noqa: F401 (tests)
 from .safety import check_schema_input, clip, engine_guard, is_limit_error, written_here

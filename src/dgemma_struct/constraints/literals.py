@@ -28,6 +28,7 @@ from dgemma_struct.errors import GrammarError
 from .safety import (ANNOTATIONS, JSON_TYPE_OF, MAX_SCHEMA_DEPTH, STRUCTURAL, WIDE, clip, drop_wide_literals,
                      has_wide_number, is_wide_number)
 from .field_bounds import engine_reads_step
+from .json_locate import json_equal
 from .schema_checks import spec_format_valid
 
 __all__ = ["WIDE", "EXTREME_BOUND", "drop_extreme_bounds", "decimal_step_copy", "MAX_ENUMERATED_MULTIPLES", "is_wide_number", "has_wide_number", "screen_lark_json", "regex_dialect_error",
@@ -342,8 +343,7 @@ class _LiteralGrammar:
             if isinstance(subs, list):
                 if kw == "allOf" and len(subs) != 1:  # bounded by its finite branches: their common literals
                     sets = [b[_MARK] for b in subs if isinstance(b, dict) and _MARK in b] or [()]
-                    vals = [v for v in sets[0] if all(any(v == w and isinstance(v, bool) == isinstance(w, bool)
-                                                          for w in o) for o in sets[1:])]
+                    vals = [v for v in sets[0] if all(any(json_equal(v, w) for w in o) for o in sets[1:])]
                     return self.expr({**{k: v for k, v in node.items() if k != kw}, _MARK: vals}, depth + 1)
                 rest = {k: v for k, v in node.items() if k != kw}
                 alts = [self.expr({**rest, **b} if isinstance(b, dict) else b, depth + 1) for b in subs]

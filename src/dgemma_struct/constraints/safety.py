@@ -346,13 +346,14 @@ def drop_wide_literals(s: dict, dropped: list[str] | None, float_values: bool = 
     the schema says ``integer`` anywhere (the engine reads them as 64-bit integers there)."""
     for kw in [k for k in s if k not in STRUCTURAL]:
         v = s[kw]
-        if not has_wide_number(v, floats=float_values or kw not in ("const", "enum")):
-            if kw in ("const", "enum") and marks is not None and has_wide_number(v):  # wide floats, handed over:
-                marks.append((s, kw, [v] if kw == "const" else v, written_here(path)))  # spelled short where possible
+        literal = kw in ("const", "enum")
+        vals = ([v] if kw == "const" else (v if isinstance(v, list) else [])) if literal else []
+        if not has_wide_number(v, floats=float_values or not literal):
+            if literal and marks is not None and has_wide_number(v):  # wide floats, handed over: spelled short too
+                marks.append((s, kw, vals, written_here(path)))
             continue
         s.pop(kw)
-        if kw in ("const", "enum"):
-            vals = [v] if kw == "const" else (v if isinstance(v, list) else [])
+        if literal:
             types = sorted({JSON_TYPE_OF.get(type(x), "string") for x in vals})
             if types and "type" not in s:
                 s["type"] = types[0] if len(types) == 1 else types

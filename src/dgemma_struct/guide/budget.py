@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from dgemma_struct.constraints import closer_ids, closing_plan, plan_still_closes
+from dgemma_struct.constraints import closer_ids, closing_plan, closing_plan_checked, plan_still_closes
 
 if TYPE_CHECKING:
     from dgemma_struct.guide.rows import RowState
@@ -97,18 +97,18 @@ def _next_plan(row: RowState, remaining: int) -> list[int] | None:
     that followed it, while it still completes the output within ``remaining`` (incremental: no search
     per commit while the row writes inside a string); else a fresh :func:`closing_plan`."""
     w, est = row.walker, row.closing_est
-    n, plan = len(w.frozen_tokens), None
+    n = len(w.frozen_tokens)
+    backing_off = n < row.search_after   # the last search found no valid plan: the last plan, while the masks take it
     if est is not None and est[1] is not None and est[0] <= n:
         old, new = est[1], w.frozen_tokens[est[0]:]
         plan = old[len(new):] if old[:len(new)] == new else old
-        if len(plan) <= remaining and plan_still_closes(w, plan):
+        if len(plan) <= remaining and plan_still_closes(w, plan, validate=not backing_off):
             return plan
-    if n < row.search_after:  # backing off: the last plan, advanced, while the masks still take it
-        return plan if plan is not None and len(plan) <= remaining and plan_still_closes(w, plan, validate=False) \
-            else None
+    if backing_off:
+        return None
     quote, bracket, byte_ids, byte_values = closer_ids(w)
-    plan = closing_plan(w, quote, bracket, remaining, byte_ids, byte_values)
-    if plan is None or not plan_still_closes(w, plan):
+    plan, valid = closing_plan_checked(w, quote, bracket, remaining, byte_ids, byte_values)
+    if not valid:
         # no valid plan: the searches would not find one a commit later either, and they took 0.3-1.5 s
         # per step on large JSONSchemaBench schemas (each request ran into its timeout)
         row.search_gap = min(2 * row.search_gap, SEARCH_BACKOFF[1]) if row.search_gap else SEARCH_BACKOFF[0]

@@ -208,19 +208,17 @@ def mixed_corpus(makers: dict[str, Callable], name: str, size: int, seed: int, m
         raise InvalidRequestError(f"mix must be in [0, 1), got {mix!r}")
     if not 0 <= fresh_names <= 1:
         raise InvalidRequestError(f"fresh_names must be in [0, 1], got {fresh_names!r}")
-    shares = (("short_records", short_records), ("tables", tables), ("absent", absent), ("phrasings", phrasings))
-    for i, (what, share) in enumerate(shares):  # each extra share leaves room for the main corpus
-        before = [n for n, _ in shares[:i]]
-        if not 0 <= share < 1 - mix - sum(v for _, v in shares[:i]):
-            raise InvalidRequestError(f"{what} must be in [0, {' - '.join(['1', 'mix', *before])}), got {share!r}")
     from dgemma_struct.training.generalise import (absent_record_corpus, phrasing_record_corpus, short_record_corpus,
                                                    table_record_corpus)
 
+    shares = (("short_records", short_records, short_record_corpus), ("tables", tables, table_record_corpus),
+              ("absent", absent, absent_record_corpus), ("phrasings", phrasings, phrasing_record_corpus))
+    for i, (what, share, _) in enumerate(shares):  # each extra share leaves room for the main corpus
+        before = [n for n, _, _ in shares[:i]]
+        if not 0 <= share < 1 - mix - sum(v for _, v, _ in shares[:i]):
+            raise InvalidRequestError(f"{what} must be in [0, {' - '.join(['1', 'mix', *before])}), got {share!r}")
     n_orig = round(size * mix)
-    extras = [(round(size * share), make) for share, make in ((short_records, short_record_corpus),
-                                                              (tables, table_record_corpus),
-                                                              (absent, absent_record_corpus),
-                                                              (phrasings, phrasing_record_corpus))]
+    extras = [(round(size * share), make) for _, share, make in shares]
     out = makers[name](size - n_orig - sum(n for n, _ in extras), seed=seed)
     for n, make in extras:
         if n:
