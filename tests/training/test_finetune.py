@@ -113,6 +113,10 @@ def test_fine_tune_from_the_shipped_checkpoint_keeps_snapshots_and_resumes(tmp_p
     assert meta["steps"] == 1 and meta["init_from"].endswith("embedded") and meta["vocab_size"] == 2048
     assert meta["diffusion"]["views"] == 2 and meta["mix"] == 0.5 and meta["short_records"] == 0.2
     assert (tmp_path / "step_00001" / "config.json").exists()
+    # the parent's guided decoding settings go with the fine-tuned weights, snapshots included
+    parent = (embedded_path() / "dgemma_struct.json").read_bytes()
+    assert (tmp_path / "dgemma_struct.json").read_bytes() == parent
+    assert (tmp_path / "step_00001" / "dgemma_struct.json").read_bytes() == parent
     shipped = json.loads((embedded_path() / "tokenizer.json").read_text())["model"]["vocab"]
     assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["vocab"] == shipped
     meta = train_mod.train(tmp_path, max_steps=2, resume=True, **kw)
