@@ -5,26 +5,27 @@ import pytest
 
 from dgemma_struct.errors import InvalidRequestError
 from dgemma_struct.training import train as train_mod
+from dgemma_struct.training import train_state
 
 
 def test_state_in_parts_round_trips(tmp_path, monkeypatch):
     import torch
 
-    monkeypatch.setattr(train_mod, "PART_BYTES", 1000)
+    monkeypatch.setattr(train_state, "PART_BYTES", 1000)
     state = {"w": torch.arange(2000, dtype=torch.float32), "step": 7}
     path = tmp_path / "train_state.pt"
-    train_mod.save_state(state, path)
+    train_state.save_state(state, path)
     parts = sorted(tmp_path.glob("train_state.pt.*"))
     assert len(parts) >= 8 and all(p.stat().st_size <= 1000 for p in parts) and not path.exists()
-    back = train_mod.load_state(path)
+    back = train_state.load_state(path)
     assert back["step"] == 7 and torch.equal(back["w"], state["w"])
-    monkeypatch.setattr(train_mod, "PART_BYTES", 10**6)
-    train_mod.save_state({"step": 1}, path)  # a state that fits in one file replaces every part
+    monkeypatch.setattr(train_state, "PART_BYTES", 10**6)
+    train_state.save_state({"step": 1}, path)  # a state that fits in one file replaces every part
     assert path.exists() and not list(tmp_path.glob("train_state.pt.*"))
 
 
 def test_generalise_corpus_trains_and_resumes_with_small_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_mod, "PART_BYTES", 200_000)
+    monkeypatch.setattr(train_state, "PART_BYTES", 200_000)
     kw = dict(corpus_size=200, vocab_size=400, batch_size=2, threads=1, device="cpu", log_every=1, corpus="generalise")
     meta = train_mod.train(tmp_path, max_steps=1, **kw)
     assert meta["corpus"] == "generalise" and meta["steps"] == 1

@@ -42,6 +42,7 @@ from dgemma_struct.training.corpus import make_corpus
 from dgemma_struct.training.generalise import make_generalise_corpus
 from dgemma_struct.training.recipe import (DiffusionRecipe, embedded_path, load_init, lr_at, mixed_corpus, pick_blocks,
                                            self_condition_logits)
+from dgemma_struct.training.train_state import load_state, save_state
 
 CORPORA = {"default": make_corpus, "generalise": make_generalise_corpus}
 
@@ -367,34 +368,6 @@ def default_generation_config():
         max_new_tokens=128, max_denoising_steps=32, sampler_config=EntropyBoundSamplerConfig(entropy_bound=1.0),
         t_min=0.3, t_max=0.8, stability_threshold=0, confidence_threshold=0.3,
         eos_token_id=list(STOP_IDS), pad_token_id=PAD_ID, bos_token_id=BOS_ID)
-
-
-PART_BYTES = 15 * 2**20  # every file a checkpoint writes stays under 16 MiB
-
-
-def save_state(state: dict, path: Path) -> None:
-    """``torch.save(state)`` written as ``path`` (when it fits in one part) or ``path.000``, ``path.001``, …"""
-    import io
-
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    data = buf.getvalue()
-    for old in list(path.parent.glob(path.name + ".*")) + ([path] if path.exists() else []):
-        old.unlink()
-    if len(data) <= PART_BYTES:
-        path.write_bytes(data)
-        return
-    for i in range(0, len(data), PART_BYTES):
-        path.with_name(f"{path.name}.{i // PART_BYTES:03d}").write_bytes(data[i:i + PART_BYTES])
-
-
-def load_state(path: Path) -> dict:
-    """What :func:`save_state` wrote."""
-    import io
-
-    parts = sorted(path.parent.glob(path.name + ".[0-9][0-9][0-9]"))
-    data = path.read_bytes() if path.exists() else b"".join(p.read_bytes() for p in parts)
-    return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
 
 def save(model, tokenizer, out_dir: Path, settings_from: Path | None = None) -> None:
