@@ -174,7 +174,6 @@ def test_a_long_closing_is_planned_before_the_usual_window(tok_runtime):
     assert closing.free_room(short, (0, 32)) == (127, [])
 
 
-
 def test_a_closing_search_that_finds_no_valid_plan_backs_off(tok_runtime, monkeypatch):
     """Where no closing plan validates, the searches are not rerun after every commit: the row backs
     off (8 commits, then 16 ... up to 128), keeping its last plan while the masks still take it. On

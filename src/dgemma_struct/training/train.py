@@ -253,12 +253,10 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     gen = torch.Generator().manual_seed(seed)
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    parent = None   # the checkpoint fine-tuned: its guided decoding settings go with the new weights
     if init_from is not None and not resume:
-        init_from = embedded_path() if str(init_from) == "embedded" else Path(init_from)
+        init_from = parent = embedded_path() if str(init_from) == "embedded" else Path(init_from)
         tokenizer, model = load_init(init_from)
-        # the parent's guided decoding settings go with its weights (without: diffusion 23% on the splits, not 57%)
-        if (init_from / CHECKPOINT_SETTINGS_FILE).exists():
-            shutil.copyfile(init_from / CHECKPOINT_SETTINGS_FILE, out_dir / CHECKPOINT_SETTINGS_FILE)
         if grow_depth is not None:
             from dgemma_struct.training.grow import grow_depth as grow
 
@@ -298,7 +296,7 @@ def train(out_dir: str | Path, *, minutes: float = 40.0, max_steps: int | None =
     bar = tqdm(total=max_steps, initial=step, desc="train", unit="step", mininterval=5)
 
     def checkpoint() -> None:
-        save(model, tokenizer, out_dir)
+        save(model, tokenizer, out_dir, settings_from=parent)
         save_state({"optimizer": opt.state_dict(), "step": step, "seconds": seconds_before + time.time() - start,
                     "rng": rng.getstate(), "gen": gen.get_state(), "torch_rng": torch.get_rng_state(),
                     "corpus": corpus_name}, state_path)
@@ -376,5 +374,6 @@ def save(model, tokenizer, out_dir: Path, settings_from: Path | None = None) -> 
         old.unlink()  # a shard count that changed leaves no stale shard behind
     model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="15MB")
     tokenizer.save_pretrained(out_dir)
+    # without them a fine-tuned checkpoint decodes under the generation config alone (23% on the splits, not 57%)
     if settings_from is not None and (settings_from / CHECKPOINT_SETTINGS_FILE).exists():
         shutil.copyfile(settings_from / CHECKPOINT_SETTINGS_FILE, out_dir / CHECKPOINT_SETTINGS_FILE)
