@@ -34,10 +34,10 @@ MAX_LOGPROBS = 20   # top alternatives per token (``logprobs``), as OpenAI's ``t
 WHITESPACE = ("compact", "model", "flexible")
 THINKING = (False, None, True, "optional")
 _FLAGS = ("return_details", "strict", "fallback", "progress", "repair_junk", "close_on_budget", "force_tokens",
-          "renoise_invalid", "isolate_compile", "bounded_numbers", "field_budget", "confidence")
+          "renoise_invalid", "canonical_tokens", "isolate_compile", "bounded_numbers", "field_budget", "confidence")
 
 #: the knobs a running batch's guide is built with (:meth:`GenerateOptions.guide_knobs`)
-GUIDE_KNOBS = ("progress", "force_tokens", "renoise_invalid", "close_on_budget")
+GUIDE_KNOBS = ("progress", "force_tokens", "renoise_invalid", "canonical_tokens", "close_on_budget")
 
 
 class DefaultBudget(int):
@@ -82,6 +82,7 @@ class GenerateOptions:
     return_details: bool = False         # a GenerationResult instead of the value
     force_tokens: bool = True            # the guide writes grammar-forced tokens without a forward
     renoise_invalid: bool = False        # the guide renoises accepted positions past a violation
+    canonical_tokens: bool = True        # AR: no token whose bytes merge with what the grammar forces next
     logprobs: int | None = None          # None: off; k: each token's logprob and its k top alternatives
     isolate_compile: bool = False        # compile user specs in a worker process first (a native crash is typed)
     bounded_numbers: bool = True         # number literals no longer than their type holds (float64 / int64 / bounds)
@@ -131,7 +132,7 @@ class GenerateOptions:
         (the scheduler keys its batches by them).
 
         >>> GenerateOptions(progress=False).guide_knobs()
-        {'progress': False, 'force_tokens': True, 'renoise_invalid': False, 'close_on_budget': True}
+        {'progress': False, 'force_tokens': True, 'renoise_invalid': False, 'canonical_tokens': True, 'close_on_budget': True}
         """
         return {k: getattr(self, k) for k in GUIDE_KNOBS}
 

@@ -4,6 +4,7 @@
 - :mod:`~dgemma_struct.guide.constraint_guide` — :class:`ConstraintGuide` (the canvas rules: exact
   masks to the first violation, commit, progress, forced tokens);
 - :mod:`~dgemma_struct.guide.lookahead` — its AR half, with the mask computed ahead on a worker;
+- :mod:`~dgemma_struct.guide.canonical` — AR: canonical tokens where the grammar forces what follows;
 - :mod:`~dgemma_struct.guide.rows` — a row's state and outcome;
 - :mod:`~dgemma_struct.guide.budget` — closing a value before its token budget runs out.
 

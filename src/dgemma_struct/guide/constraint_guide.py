@@ -64,7 +64,8 @@ class ConstraintGuide(ExcludedAR, ARMasking):
     ``exclusions[b]``: row b's :class:`~dgemma_struct.guide.exclusion.Exclusion` (or None)."""
 
     def __init__(self, walkers: Sequence[CanvasWalker | None], *, pad_token_id: int, progress: bool = True,
-                 force_tokens: bool = True, renoise_invalid: bool = False, stall_steps: int = 8,
+                 force_tokens: bool = True, renoise_invalid: bool = False, canonical_tokens: bool = True,
+                 stall_steps: int = 8,
                  deadline: float | None = None, budgets: Sequence[int] | None = None,
                  close_on_budget: bool = False, closing_window: int | None = None,
                  row_stop: Sequence[Callable[[], bool] | None] | None = None, logprobs: int | None = None,
@@ -79,6 +80,7 @@ class ConstraintGuide(ExcludedAR, ARMasking):
         self.all_rows = list(self.rows)
         self.budgeted = budgets is not None
         self.close_on_budget = close_on_budget and budgets is not None
+        self.canonical_tokens = canonical_tokens
         self.closing_window = closing_window
         self.pad = pad_token_id
         self.progress = progress

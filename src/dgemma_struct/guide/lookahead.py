@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from dgemma_struct.guide.canonical import merge_noncanonical
 from dgemma_struct.guide.budget import free_room, keep_a_plan, steer_to_close
 from dgemma_struct.errors import GenerationTimeout
 from dgemma_struct.kernels import apply_token_bitmask_
@@ -113,6 +114,8 @@ class ARMasking:
             for b in rows:
                 if not steer_to_close(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window):
                     keep_a_plan(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window)
+        if rows and self.canonical_tokens:
+            merge_noncanonical([self.rows[b].walker for b in rows], logits, (list(rows),))
         if any(r.lp_top is not None for r in self.rows):
             self.lp.ar_logits = logits   # entries are computed at ar_token, for the rows that record
         self._timed(t0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from dgemma_struct.training.generalise import EVAL_SEED, EVAL_SPLITS, eval_examples, unseen_name_examples
 from dgemma_struct.training.render import flatten
@@ -37,7 +37,7 @@ def leaf_accuracy(got: Any, expected: dict, keys: Sequence[str]) -> tuple[float,
 
 
 def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens: int, batch_size: int,
-         temperature: float | None = None) -> list:
+         temperature: float | None = None, options: Mapping[str, Any] | None = None) -> list:
     from dgemma_struct.api import generate_batch
     from dgemma_struct.errors import GroundingError
     from dgemma_struct.grounding import generate_grounded_batch
@@ -51,19 +51,21 @@ def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens
         if arm == "grounded":
             # one seed for the chunk: generate_grounded_batch does not drop the seeds of rows it refuses
             res = generate_grounded_batch(prompts, specs, ground="all", runtime=runtime, max_new_tokens=max_new_tokens,
-                                          return_exceptions=True, mode=mode, seed=i, temperature=temperature)
+                                          return_exceptions=True, mode=mode, seed=i, temperature=temperature,
+                                          **(options or {}))
             # a schema with nothing to ground (only booleans / enums) is served constrained, as a user would
             redo = [j for j, x in enumerate(res) if isinstance(x, GroundingError) and "nothing to ground" in str(x)]
             if redo:
                 again = generate_batch([prompts[j] for j in redo], [specs[j] for j in redo], runtime=runtime,
                                        max_new_tokens=max_new_tokens, return_exceptions=True, mode=mode,
-                                       seed=[seeds[j] for j in redo], temperature=temperature)
+                                       seed=[seeds[j] for j in redo], temperature=temperature, **(options or {}))
                 for j, x in zip(redo, again):
                     res[j] = x
             out += res
         else:
             out += generate_batch(prompts, specs, runtime=runtime, max_new_tokens=max_new_tokens,
-                                  return_exceptions=True, mode=mode, seed=seeds, temperature=temperature)
+                                  return_exceptions=True, mode=mode, seed=seeds, temperature=temperature,
+                                  **(options or {}))
     return out
 
 
@@ -100,11 +102,13 @@ def _summary(examples: list[dict], results: list, wall: float) -> dict[str, Any]
 
 def evaluate_splits(runtime: Any, n_per_split: int = 8, *, modes: Sequence[str] = ("diffusion", "ar"),
                     arms: Sequence[str] = ("constrained",), seed: int = EVAL_SEED, max_new_tokens: int = 128,
-                    batch_size: int = 16, settings: Any = None, temperature: float | None = None) -> dict[str, Any]:
+                    batch_size: int = 16, settings: Any = None, temperature: float | None = None,
+                    options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``{split: {mode: {arm: summary}}}`` over :data:`EVAL_SPLITS`, plus the settings used.
     ``settings``: the :class:`~dgemma_struct.engine.sampler.DiffusionSettings` to decode with (the
     runtime's own are restored afterwards); ``temperature``: as in :func:`~dgemma_struct.api.generate`
-    (0 = greedy)."""
+    (0 = greedy); ``options``: more of ``generate``'s keywords for every request (``{"canonical_tokens":
+    False}``)."""
     unknown = set(arms) - set(ARMS)
     if unknown:
         raise ValueError(f"unknown arms {sorted(unknown)}; choose from {ARMS}")
@@ -113,19 +117,20 @@ def evaluate_splits(runtime: Any, n_per_split: int = 8, *, modes: Sequence[str] 
         runtime.settings = settings
         try:
             return evaluate_splits(runtime, n_per_split, modes=modes, arms=arms, seed=seed, max_new_tokens=max_new_tokens,
-                                   batch_size=batch_size, temperature=temperature)
+                                   batch_size=batch_size, temperature=temperature, options=options)
         finally:
             runtime.settings = own
     data = eval_examples(n_per_split, seed=seed)
     report: dict[str, Any] = {"n_per_split": n_per_split, "seed": seed, "max_new_tokens": max_new_tokens,
-                              "settings": dataclasses.asdict(runtime.settings), "temperature": temperature, "splits": {}}
+                              "settings": dataclasses.asdict(runtime.settings), "temperature": temperature,
+                              "options": dict(options or {}), "splits": {}}
     for split in EVAL_SPLITS:
         per_mode: dict[str, Any] = {}
         for mode in modes:
             per_mode[mode] = {}
             for arm in arms:
                 t0 = time.perf_counter()
-                results = _run(runtime, data[split], mode, arm, max_new_tokens, batch_size, temperature)
+                results = _run(runtime, data[split], mode, arm, max_new_tokens, batch_size, temperature, options)
                 per_mode[mode][arm] = _summary(data[split], results, time.perf_counter() - t0)
         report["splits"][split] = per_mode
     return report
