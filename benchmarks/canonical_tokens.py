@@ -30,15 +30,17 @@ def markdown(report: dict) -> str:
     """Field accuracy and exact records per split and arm, the rule off and on."""
     lines = [f"AR on `evaluate_splits(n={report['n']})`, model `{report['model']}`, {report['machine']}.", "",
              "| split | arm | field accuracy off | field accuracy on | exact records off | exact records on |"
-             " AR requests with an error off / on |",
-             "|---|---|--:|--:|--:|--:|--:|"]
+             " repairs per request off / on | s per request off / on | requests with an error off / on |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
     off, on = report["runs"]["off"]["splits"], report["runs"]["on"]["splits"]
     for split in EVAL_SPLITS:
         for arm in ARMS:
             a, b = off[split]["ar"][arm], on[split]["ar"][arm]
             lines.append(f"| {split.replace('_', ' ')} | {arm} | {100 * a['field_accuracy']:.1f}% | "
                          f"{100 * b['field_accuracy']:.1f}% | {100 * a['exact_records']:.1f}% | "
-                         f"{100 * b['exact_records']:.1f}% | {a['errors']} / {b['errors']} |")
+                         f"{100 * b['exact_records']:.1f}% | {a['repairs_per_request']:.2f} / "
+                         f"{b['repairs_per_request']:.2f} | {a['seconds_per_request']:.2f} / "
+                         f"{b['seconds_per_request']:.2f} | {a['errors']} / {b['errors']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -47,7 +49,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--model", default="embedded")
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "canonical_tokens"))
+    ap.add_argument("--render", action="store_true", help="only rewrite the .md from the .json")
     args = ap.parse_args()
+    out = Path(args.out)
+    if args.render:
+        out.with_suffix(".md").write_text(markdown(json.loads(out.with_suffix(".json").read_text())))
+        return
     torch.set_num_threads(1)
     rt = DiffusionRuntime.default(device="cpu") if args.model == "embedded" else \
         DiffusionRuntime.from_pretrained(args.model, device="cpu")
@@ -60,7 +67,6 @@ def main() -> None:
         report["runs"][name] = rep
         print(name, {s: {a: round(rep["splits"][s]["ar"][a]["field_accuracy"], 3) for a in ARMS}
                      for s in EVAL_SPLITS}, flush=True)
-    out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))
