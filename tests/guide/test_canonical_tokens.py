@@ -10,7 +10,6 @@ from dgemma_struct import generate
 from dgemma_struct.constraints import CanvasWalker, compile_constraint
 from dgemma_struct.guide.canonical import merge_noncanonical, merged_token
 from dgemma_struct.guide.constraint_guide import ConstraintGuide
-from dgemma_struct.runtime import DiffusionRuntime
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "ref": {"type": "string"}},
           "required": ["n", "ref"], "additionalProperties": False}
@@ -84,11 +83,10 @@ def _forced_merges(tok, token_ids):
     return out
 
 
-def test_ar_outputs_of_the_embedded_model_hold_no_forced_merge(tok):
+def test_ar_outputs_of_the_embedded_model_hold_no_forced_merge(tok, embedded_runtime):
     """Every AR output is canonical at each forced boundary, on prompts whose string field the model
     tends to open with a number's ``":`` (a number right before it in the source)."""
-    torch.set_num_threads(1)
-    rt = DiffusionRuntime.default(device="cpu")
+    rt = embedded_runtime
     prompts = [f"Here is a photo record:\nThis photo: with message ref U-{66195 + i} and the n is {12718 + 7 * i}.\n"
                "Give me a JSON object with n and ref." for i in range(6)]
     for p in prompts:
