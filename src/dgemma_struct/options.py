@@ -82,7 +82,7 @@ class GenerateOptions:
     return_details: bool = False         # a GenerationResult instead of the value
     force_tokens: bool = True            # the guide writes grammar-forced tokens without a forward
     renoise_invalid: bool = False        # the guide renoises accepted positions past a violation
-    canonical_tokens: bool = True        # AR: no token whose bytes merge with what the grammar forces next
+    canonical_tokens: bool = True        # AR: a token that merges with the bytes forced next gives way to that piece
     logprobs: int | None = None          # None: off; k: each token's logprob and its k top alternatives
     isolate_compile: bool = False        # compile user specs in a worker process first (a native crash is typed)
     bounded_numbers: bool = True         # number literals no longer than their type holds (float64 / int64 / bounds)

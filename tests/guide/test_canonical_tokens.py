@@ -49,14 +49,14 @@ def test_the_likeliest_noncanonical_token_moves_onto_its_piece_when_the_piece_ca
     logits = torch.full((2, len(tok)), float("-inf"))
     for b in range(2):
         logits[b, colon], logits[b, colon_quote] = 5.0, 1.0
-    assert merge_noncanonical(walkers, logits, ([0, 1],)) == 1
+    assert merge_noncanonical(logits, [0, 1], walkers) == 1
     assert logits.argmax(-1).tolist() == [colon_quote, colon]   # the number row keeps '":'
     assert float(logits[0, colon_quote]) == pytest.approx(float(torch.logaddexp(torch.tensor(5.0), torch.tensor(1.0))))
     assert float(logits[0, colon]) == float("-inf") and float(logits[1, colon_quote]) == 1.0
     # the piece masked out (a closing plan, an exclusion): the token stays, the row is never emptied
     logits = torch.full((1, len(tok)), float("-inf"))
     logits[0, colon] = 5.0
-    assert merge_noncanonical(walkers[:1], logits, ([0],)) == 0 and int(logits.argmax()) == colon
+    assert merge_noncanonical(logits, [0], walkers[:1]) == 0 and int(logits.argmax()) == colon
 
 
 @pytest.mark.parametrize("canonical", [True, False])
@@ -92,3 +92,20 @@ def test_ar_outputs_of_the_embedded_model_hold_no_forced_merge(tok, embedded_run
     for p in prompts:
         r = generate(p, SCHEMA, runtime=rt, mode="ar", return_details=True)
         assert _forced_merges(tok, r.token_ids) == [], r.text
+
+
+def test_its_host_reads_do_not_grow_with_the_batch(tok):
+    """Each row's check is host work on its walker; the logits are read a fixed number of times per round
+    (each a sync on a GPU), the same for one row as for eight, a move in every row included."""
+    from dgemma_struct.engine.profiling import HostSyncProbe
+
+    colon, colon_quote = _one(tok, '":'), _one(tok, '":"')
+    totals = []
+    for B in (1, 8):
+        walkers = [_walker(tok, '{"n":1,"ref') for _ in range(B)]
+        logits = torch.zeros(B, len(tok))
+        logits[:, colon], logits[:, colon_quote] = 5.0, 1.0
+        with HostSyncProbe() as probe:
+            assert merge_noncanonical(logits, list(range(B)), walkers) == B
+        totals.append(probe.total)
+    assert totals[0] == totals[1], totals

@@ -54,10 +54,6 @@ def _merge(info: Any, token: int, forced: bytes) -> int | None:
     return _MERGES[key]
 
 
-def _forced_after(cur: Any) -> bytes:
-    return bytes(cur.m.compute_ff_bytes())[:FORCED_BYTES_LOOKED_AT]
-
-
 def merged_token(walker: Any, token: int) -> int | None:
     """The piece canonical tokenization writes instead of ``token`` at ``walker``'s frozen state,
     spanning ``token`` and the first bytes the grammar forces after it; ``None`` when nothing is forced
@@ -68,43 +64,46 @@ def merged_token(walker: Any, token: int) -> int | None:
     with walker.frozen_cursor() as cur:
         if not cur.advance([token]):
             return None
-        forced = _forced_after(cur)
+        forced = bytes(cur.m.compute_ff_bytes())[:FORCED_BYTES_LOOKED_AT]
     return _merge(info, token, forced) if forced else None
 
 
-def merge_noncanonical(walkers: Sequence[Any], logits: torch.Tensor, index: tuple[list[int], ...]) -> int:
-    """In the rows ``logits[index]`` (one per walker, at its frontier, masked by the grammar already:
-    ``(rows,)`` in AR), move each of a row's likeliest tokens that has a merged piece
+def merge_noncanonical(logits: torch.Tensor, rows: Sequence[int], walkers: Sequence[Any]) -> int:
+    """In place, in each row ``rows[j]`` of ``logits`` (``[B, V]``, masked by the grammar already;
+    ``walkers[j]`` its walker), move each of the row's likeliest tokens that has a merged piece
     (:func:`merged_token`) still allowed in that row onto that piece: the piece's logit becomes the
     log of both probabilities, the token's ``-inf``. Returns how many tokens were moved.
 
     A row is re-read only when it lost a token, so a greedy choice is always checked; a sampled one
-    is when it is among the :data:`TOP` likeliest (not the whole nucleus of a flat row)."""
-    full, logits = logits, logits[index]   # a copy, written back when a token moved
-    rows = list(range(len(walkers)))
-    seen: list[set[int]] = [set() for _ in walkers]
+    is when it is among the :data:`TOP` likeliest (not the whole nucleus of a flat row). Host reads:
+    two per round at most, whatever the batch size (a second round only after a move)."""
+    todo = list(range(len(rows)))
+    seen: list[set[int]] = [set() for _ in rows]
     moved = 0
     for _ in range(TOP):
-        if not rows:
+        if not todo:
             break
-        top = torch.topk(logits[rows], TOP, dim=-1)
+        top = torch.topk(logits, TOP, dim=-1)
         ids, finite = top.indices.tolist(), torch.isfinite(top.values).tolist()
-        again = []
-        for j, b in enumerate(rows):
-            lost = False
-            for t, ok in zip(ids[j], finite[j]):
-                if not ok or t in seen[b]:
-                    continue
-                seen[b].add(t)
-                alt = merged_token(walkers[b], t)
-                if alt is not None and alt < logits.shape[-1] and bool(torch.isfinite(logits[b, alt])):
-                    logits[b, alt] = torch.logaddexp(logits[b, alt], logits[b, t])
-                    logits[b, t] = float("-inf")
-                    moved += 1
-                    lost = True
-            if lost:
-                again.append(b)
-        rows = again
-    if moved:
-        full[index] = logits
+        found = []   # (j, token, piece): the pieces' own logits are read once for the round
+        for j in todo:
+            b = rows[j]
+            for t, ok in zip(ids[b], finite[b]):
+                if ok and t not in seen[j]:
+                    seen[j].add(t)
+                    alt = merged_token(walkers[j], t)
+                    if alt is not None and alt < logits.shape[-1]:
+                        found.append((j, t, alt))
+        if not found:
+            break
+        allowed = torch.isfinite(logits[[rows[j] for j, _, _ in found], [alt for _, _, alt in found]]).tolist()
+        again = set()
+        for (j, t, alt), ok in zip(found, allowed):
+            if ok:
+                b = rows[j]
+                logits[b, alt] = torch.logaddexp(logits[b, alt], logits[b, t])
+                logits[b, t] = float("-inf")
+                moved += 1
+                again.add(j)
+        todo = sorted(again)
     return moved

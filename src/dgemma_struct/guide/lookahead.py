@@ -115,7 +115,7 @@ class ARMasking:
                 if not steer_to_close(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window):
                     keep_a_plan(self.rows[b], logits[b:b + 1], self._canvas, self.closing_window)
         if rows and self.canonical_tokens:
-            merge_noncanonical([self.rows[b].walker for b in rows], logits, (list(rows),))
+            merge_noncanonical(logits, rows, [self.rows[b].walker for b in rows])
         if any(r.lp_top is not None for r in self.rows):
             self.lp.ar_logits = logits   # entries are computed at ar_token, for the rows that record
         self._timed(t0)

@@ -42,6 +42,7 @@ def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens
     from dgemma_struct.errors import GroundingError
     from dgemma_struct.grounding import generate_grounded_batch
 
+    knobs = dict(options or {})
     out: list = []
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
@@ -52,20 +53,20 @@ def _run(runtime: Any, examples: list[dict], mode: str, arm: str, max_new_tokens
             # one seed for the chunk: generate_grounded_batch does not drop the seeds of rows it refuses
             res = generate_grounded_batch(prompts, specs, ground="all", runtime=runtime, max_new_tokens=max_new_tokens,
                                           return_exceptions=True, mode=mode, seed=i, temperature=temperature,
-                                          **(options or {}))
+                                          **knobs)
             # a schema with nothing to ground (only booleans / enums) is served constrained, as a user would
             redo = [j for j, x in enumerate(res) if isinstance(x, GroundingError) and "nothing to ground" in str(x)]
             if redo:
                 again = generate_batch([prompts[j] for j in redo], [specs[j] for j in redo], runtime=runtime,
                                        max_new_tokens=max_new_tokens, return_exceptions=True, mode=mode,
-                                       seed=[seeds[j] for j in redo], temperature=temperature, **(options or {}))
+                                       seed=[seeds[j] for j in redo], temperature=temperature, **knobs)
                 for j, x in zip(redo, again):
                     res[j] = x
             out += res
         else:
             out += generate_batch(prompts, specs, runtime=runtime, max_new_tokens=max_new_tokens,
                                   return_exceptions=True, mode=mode, seed=seeds, temperature=temperature,
-                                  **(options or {}))
+                                  **knobs)
     return out
 
 
