@@ -179,6 +179,13 @@ def test_single_requests_report_model_and_constraint_time(tiny_runtime):
         assert s.model_s > 0 and s.mask_s > 0 and s.denoising_steps >= 1
         assert abs(s.model_s + s.other_s - s.wall_s) < 1e-6
     assert batch[0].text == res.text
+    lengths = []   # a typed error's stats add up too (the server sends a cut-off row's stats)
+    for seed in range(4):
+        try:
+            generate("x", OPEN, runtime=tiny_runtime, max_new_tokens=24, seed=seed, close_on_budget=False)
+        except errors.LengthError as e:
+            lengths.append(e.stats)
+    assert lengths and all(s.model_s > 0 and abs(s.model_s + s.other_s - s.wall_s) < 1e-6 for s in lengths), lengths
 
 
 def test_partial_json_closes_open_structures():

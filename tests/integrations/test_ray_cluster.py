@@ -44,6 +44,24 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _start_serve(tries: int = 3) -> int:
+    """Start Serve's HTTP proxy on a free loopback port; returns the port.
+
+    A port found free is only free until someone binds it: the cluster's own processes and the
+    other test workers open ephemeral ports all the time, so a bind race gets a fresh port.
+    """
+    for attempt in range(tries):
+        port = _port()
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+            return port
+        except Exception as e:  # noqa: BLE001 - ray wraps the proxy's bind error in RayTaskError
+            if "Failed to bind" not in str(e) or attempt == tries - 1:
+                raise
+            serve.shutdown()
+    raise AssertionError("unreachable")
+
+
 def _listening(root_pid: int) -> list[tuple[str, int, str]]:
     """(address, port, process name) of every TCP listener of ``root_pid`` and its descendants."""
     procs = {p.pid: p for p in psutil.Process(root_pid).children(recursive=True)}
@@ -111,7 +129,6 @@ def test_cluster_spread_autoscaling_and_replica_loss(rt, tmp_path, monkeypatch):
            "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), os.environ.get("PYTHONPATH")]))}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    port = _port()
     times: dict[str, float] = {}
     t0 = time.monotonic()
     node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
@@ -128,7 +145,7 @@ def test_cluster_spread_autoscaling_and_replica_loss(rt, tmp_path, monkeypatch):
         import ray_serve_app
 
         t1 = time.monotonic()
-        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+        port = _start_serve()
         serve.run(ray_serve_app.build(str(tmp_path), autoscale=(1, 3), max_replicas_per_node=1, max_batch_size=2,
                                       isolate_compiles=False, max_tokens_cap=64), name=APP, route_prefix="/")
         url = f"http://127.0.0.1:{port}"

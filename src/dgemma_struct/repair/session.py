@@ -361,6 +361,7 @@ class RepairSession:
             return Accept(self.least_junk.attempt, self.least_junk.outcome)
         s = self.stats
         s.wall_s = time.perf_counter() - t0
+        s.other_s = max(0.0, s.wall_s - s.model_s)   # a typed error's stats add up as a result's do
         partial = self.text_of(last.tokens) if last else ""
         if last is not None and not last.complete and not last.dead_end:
             s.finish_reason = "length"
