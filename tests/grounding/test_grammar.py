@@ -48,7 +48,7 @@ def spans_of(text: str, granularity: str) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("granularity", ["words", "chars"])
+@pytest.mark.parametrize("granularity", ["words", "tokens", "chars"])
 def test_accepts_exactly_the_spans(tok, granularity):
     """Every substring of a source full of quotes, backslashes, newlines, tabs, a control char,
     accents and an emoji: accepted iff it is a chunk-aligned span without edge whitespace."""
@@ -311,11 +311,37 @@ def test_long_source_compiles_and_masks(tok):
 
 
 
+def test_tokens_mode_never_cuts_inside_a_date_code_or_address(tok):
+    """``granularity="tokens"``: a span starts and ends only where a whitespace-or-punctuation token
+    does, so the embedded model's ``"08"`` / ``"-06"`` / ``"2000-08"`` out of a date (seen on the
+    held-out splits in ``"words"`` mode) cannot be written; whole tokens and runs of them can."""
+    src = "Filed 2000-08-19 at 10:30 by o'neil@post.io, ref R-71139 v8.19.18 (12/05/2024)."
+    whole = ["2000-08-19", "10:30", "o'neil@post.io", "R-71139", "v8.19.18", "12/05/2024", "Filed 2000-08-19",
+             "ref R-71139"]
+    inside = ["08", "-08-19", "2000-08", "19", "10", "30", "post.io", "neil", "71139", "R", "19.18", "05/2024"]
+    words = compile_grounded(one_field(mode="words"), tok, source=src, use_cache=False)
+    tokens = compile_grounded(one_field(mode="tokens"), tok, source=src, use_cache=False)
+    for s in whole:
+        assert tokens.grammar_accepts(doc(s)) and words.grammar_accepts(doc(s)), s
+    for s in inside:
+        assert not tokens.grammar_accepts(doc(s)) and words.grammar_accepts(doc(s)), s
+
+
+def test_a_span_needs_a_letter_or_digit_of_the_source_not_of_an_escape(tok):
+    """``"@\\n'"`` is written with an ``n`` and ``"#\\u0007#"`` with digits, but neither holds a letter or
+    digit of the source: no granularity admits them (the rule once looked at the escaped text)."""
+    src = "x @\n' y #\x07# z"
+    for granularity in ("words", "tokens", "chars"):
+        c = compile_grounded(one_field(mode=granularity), tok, source=src, use_cache=False)
+        assert not c.grammar_accepts(doc("@\n'")) and not c.grammar_accepts(doc("#\x07#")), granularity
+        assert c.grammar_accepts(doc("@\n' y")) and c.grammar_accepts(doc("y #\x07#")), granularity
+
+
 def test_source_spelling_a_rule_name_compiles(tok):
     """The span lexeme's edge rules are written once per grammar even when the source itself spells
     one of their names (it used to be looked up in the grammar text, source chunks included)."""
     schema = {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]}
-    for granularity in ("words", "chars"):
+    for granularity in ("words", "tokens", "chars"):
         c = compile_grounded(schema, tok, source="Call EDGE_WS now, Ann Lee.", ground="strings",
                              granularity=granularity, use_cache=False)
         assert c.lark.count("EDGE_WS:") == 1
@@ -325,8 +351,9 @@ def test_source_spelling_a_rule_name_compiles(tok):
 def test_server_grounding_options():
     from dgemma_struct.grounding import grounding_options
     assert grounding_options(True) == {"ground": "strings"}
-    assert grounding_options({"ground": "all", "source": ["a b"], "granularity": "chars"}) == {
-        "ground": "all", "source": ("a b",), "granularity": "chars"}
+    for g in ("words", "tokens", "chars"):
+        assert grounding_options({"ground": "all", "source": ["a b"], "granularity": g}) == {
+            "ground": "all", "source": ("a b",), "granularity": g}
     for bad in [False, "yes", {"ground": "words"}, {"sauce": "x"}, {"source": ""}, {"source": [1]},
                 {"granularity": "lines"}]:
         with pytest.raises(GroundingError):
@@ -339,9 +366,10 @@ def test_random_nasty_sources_exhaustive(tok, seed):
     separators: in both modes exactly the expected spans are accepted, and each accepted output
     is valid JSON that decodes to that span."""
     rng = random.Random(seed)
-    alphabet = ['"', "\\", "\n", "\t", "\x01", "\u2028", "é", "😀", " ", "a", "b", "7", ",", ".", "u", "n", "/"]
+    alphabet = ['"', "\\", "\n", "\t", "\x01", "\u2028", "é", "😀", " ", "a", "b", "7", ",", ".", "u", "n", "/",
+                "-", ":", "'", "@"]
     src = "".join(rng.choice(alphabet) for _ in range(14)) + " ab"
-    for granularity in ("words", "chars"):
+    for granularity in ("words", "tokens", "chars"):
         c = compile_grounded(one_field(mode=granularity), tok, source=src, use_cache=False)
         expected = spans_of(src, granularity)
         for s in {src[i:j] for i in range(len(src)) for j in range(i + 1, len(src) + 1)}:

@@ -227,7 +227,7 @@ class GrammarBuilder(SchemaView):
         if not subs:
             raise GroundingError("no text of the source can be a value: it holds only field names, separators "
                                  "and table borders")
-        if not self._edge_rules:  # shared by both granularities
+        if not self._edge_rules:  # shared by every granularity
             self._edge_rules = True
             self.rules += [
                 r"EDGE_WS: /[\s\u2028\u2029]/",
@@ -237,10 +237,11 @@ class GrammarBuilder(SchemaView):
                 r"EDGE_PUNCT_L: /[,;:.!?)\]}]/",
                 r"EDGE_PUNCT_R: /[,;:(\[{]/",
             ]
+        # the last rule asks for a letter or digit of the source, not of an escape ("\\n", "\\u0007")
         body = (f"({' | '.join(subs)}) & /(.|\\n)+/ & ~(EDGE_WS EDGE_ANY) & ~(EDGE_ANY EDGE_WS) "
                 f"& ~(EDGE_ESC EDGE_ANY) & ~(EDGE_EVEN EDGE_ESC) "
                 f"& ~(EDGE_PUNCT_L EDGE_ANY) & ~(EDGE_ANY EDGE_PUNCT_R) "
-                f"& /(.|\\n)*[\\p{{L}}\\p{{N}}](.|\\n)*/")
+                f"& ~/([^\\p{{L}}\\p{{N}}\\\\]|\\\\[\"\\\\\\/bfnrt]|\\\\u[0-9a-fA-F]{{4}})+/")
         labels = field_labels(self.docs, names)
         if labels:  # a value is never just the name of a field the request asks for
             body += " & ~(" + " | ".join(_lark_lit(_esc(x)) for x in labels) + ")"

@@ -16,10 +16,23 @@ def _is_word(ch: str) -> bool:
     return ch.isalnum() or ch == "_"
 
 
+#: what joins two word runs into one chunk in ``"tokens"`` mode: a date's or a code's hyphen, a
+#: decimal or domain dot, an email's @, an apostrophe (between any word characters); a time's colon,
+#: a date's slash (between digits)
+_JOIN_WORDS, _JOIN_DIGITS = "-.@'\u2019", ":/"
+
+
 def chunk_offsets(text: str, granularity: str = "words") -> list[tuple[int, int]]:
     """``(start, end)`` character offsets of the chunks a span is made of: code points
-    (``"chars"``), or runs of letters/digits/underscore, runs of whitespace and single other
-    characters (``"words"``)."""
+    (``"chars"``); runs of letters/digits/underscore, runs of whitespace and single other
+    characters (``"words"``); or as ``"words"`` with word runs joined across a connector between
+    them (``"tokens"``: ``2000-08-19``, ``8.19.18``, ``a@b.io``, ``10:30`` are one chunk each, so a
+    span never starts or ends inside one).
+
+        >>> t = "on 2000-08-19, at 10:30"
+        >>> [t[s:e] for s, e in chunk_offsets(t, "tokens")]
+        ['on', ' ', '2000-08-19', ',', ' ', 'at', ' ', '10:30']
+    """
     if granularity == "chars":
         return [(i, i + 1) for i in range(len(text))]
     out: list[tuple[int, int]] = []
@@ -28,7 +41,13 @@ def chunk_offsets(text: str, granularity: str = "words") -> list[tuple[int, int]
         ch = text[i]
         j = i + 1
         if _is_word(ch):
-            while j < n and _is_word(text[j]):
+            while True:
+                while j < n and _is_word(text[j]):
+                    j += 1
+                if not (granularity == "tokens" and j + 1 < n and _is_word(text[j + 1]) and (
+                        text[j] in _JOIN_WORDS or text[j] in _JOIN_DIGITS and text[j - 1].isdigit()
+                        and text[j + 1].isdigit())):
+                    break
                 j += 1
         elif ch.isspace():
             while j < n and text[j].isspace():

@@ -11,14 +11,15 @@ from dgemma_struct.errors import GroundingError, SchemaError
 from dgemma_struct.grounding.sources import grounded_sources
 
 GROUND_KEY = "x-grounded"
-GRANULARITIES = ("words", "chars")
+GRANULARITIES = ("words", "tokens", "chars")
 GROUND_LEVELS = (None, "strings", "numbers", "all")
 
 
 @dataclass(frozen=True)
 class Grounded:
     """Pydantic field marker: ``Annotated[str, Grounded()]``, ``Annotated[int, Grounded()]``.
-    ``mode``: ``"words"`` (default: spans start and end on word boundaries) or ``"chars"``.
+    ``mode``: ``"words"`` (default: spans start and end on word boundaries), ``"tokens"`` (never
+    inside a hyphenated, dotted or @-joined token: ``2000-08-19``, ``8.19.18``, ``a@b.io``) or ``"chars"``.
     ``repeat``: the items of an array may repeat a string more often than the source writes it (by
     default each item copies its own place in the source: ``["red", "red"]`` needs "red" twice).
 
