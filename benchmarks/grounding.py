@@ -261,11 +261,13 @@ def markdown(report: dict) -> str:
              f"{report['machine']}", "",
              "| mode | arm | schema-valid | field acc | exact record | not verbatim | errors | TPF | wall/req (s) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for mode in ("diffusion", "ar"):
+    for mode in [m for m in ("diffusion", "ar") if m in report["arms"]]:   # --modes may leave one out
         for arm, s in report["arms"][mode].items():
             lines.append(f"| {mode} | {LABEL[arm]} | {s['schema_valid']:.0%} | {s['field_accuracy']:.1%} | "
                          f"{s['exact_record']:.1%} | {s['not_verbatim_share']:.1%} | {s['errors']} | {s['tpf']:.2f} | "
                          f"{s['wall_s']:.2f} |")
+    if "diffusion" not in report["arms"]:
+        return "\n".join(lines) + "\n"
     lines += ["", "Field accuracy by family (diffusion):", "",
               "| family | " + " | ".join(LABEL[a] for a in report["arms"]["diffusion"]) + " |",
               "|---|" + "---|" * len(report["arms"]["diffusion"])]

@@ -279,16 +279,17 @@ def test_html_marks_and_escapes(tok):
     assert "&amp; &quot;Rose&quot;" in page or "&amp; \"Rose\"" in page
 
 
-def test_forced_tokens_stop_before_a_string_value(tok):
-    """The walker forces keys and braces but not the quote that opens a value (see _GroundedWalker)."""
+def test_forced_tokens_run_through_the_quote_that_opens_a_string_value(tok):
+    """The walker forces keys, braces and the ``":"`` that opens a grounded string value, as for any
+    JSON constraint (a walker that stopped before the quote was measured worse on the current model:
+    docs/grounding.md, "Forced tokens")."""
     c = compile_grounded(Person, tok, source=SRC)
     w = c.canvas_walker()
-    forced = w.forced_tokens(50)
-    text = c.tokenizer_info.lltok.decode_str(forced)
-    assert text.startswith('{"name') and not text.endswith('"')
+    text = c.tokenizer_info.lltok.decode_str(w.forced_tokens(50))
+    assert text.startswith('{"name') and text.endswith('"'), text
     w.commit(c.tokenize('{"name":"Tara Zhang"'))
     after = c.tokenizer_info.lltok.decode_str(w.forced_tokens(50))
-    assert after.startswith(',"age') and not after.endswith('"')
+    assert after == ',"age":42,"email":"', after   # the source's one number, then the next value's quote
 
 
 def test_long_source_compiles_and_masks(tok):

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any, Sequence
 
 import llguidance as llg
 
-from dgemma_struct.constraints import (CanvasWalker, Constraint, ValidationIssue, ValidationOutcome,
-                                       get_tokenizer_info)
+from dgemma_struct.constraints import Constraint, ValidationIssue, ValidationOutcome, get_tokenizer_info
 from dgemma_struct.constraints.json_schema import make_validator, prepare_json_schema
 from dgemma_struct.constraints.lru import BoundedLRU
 from dgemma_struct.constraints.safety import clip, engine_guard
@@ -46,9 +44,6 @@ class GroundedConstraint(Constraint):
         self.lark = lark
         self._docs = [Doc(d) for d in sources]
         self._view = SchemaView(schema, sources, ground=ground, granularity=granularity)
-
-    def canvas_walker(self) -> "_GroundedWalker":
-        return _GroundedWalker(self)
 
     def locate(self, value: Any) -> tuple[list[GroundedSpan], list[ValidationIssue]]:
         """Spans of every grounded value in ``value`` (a JSON value), and issues for those not found.
@@ -92,23 +87,6 @@ class GroundedConstraint(Constraint):
         _, issues = self.locate(raw)
         if issues:
             return ValidationOutcome(False, out.value, issues)
-        return out
-
-
-class _GroundedWalker(CanvasWalker):
-    """A canvas walker that does not force the token opening a string value (``":"``, ``":["``,
-    ``","`` in an array), as llguidance's own JSON grammar does not. Measured on the embedded model
-    in diffusion mode: with ``{"name":"`` forced the first value token goes wrong ("Hriya Brown"
-    for "Priya Brown", or a span of the instruction), with ``{"name`` forced it does not."""
-
-    def forced_tokens(self, max_n: int) -> list[int]:
-        out = super().forced_tokens(max_n)
-        stops = set(self.constraint.stop_token_ids)
-        while out and out[-1] not in stops:
-            text = self.constraint.tokenizer_info.lltok.decode_str(out)
-            if not re.search(r'(?:^|[:\[,])"$', text):
-                break
-            out.pop()
         return out
 
 
