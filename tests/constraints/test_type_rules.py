@@ -88,6 +88,32 @@ def test_raw_formats_keep_json_schema_meaning(hf_tok, fmt, good, valid_not_writt
     assert fmt in RAW_FORMAT_PATTERNS
 
 
+@pytest.mark.parametrize("fmt,good,bad", [
+    ("uri-template", ["http://x/{+path}/here{?q,r}", "{.dom*}", "{/p:3}", "", "%41"],
+     ["completion options", "{a..b}", "{}", "%4", "{a:0}", "{a:10000}"]),
+    ("json-pointer", ["", "/", "/a~0b/c~1d", "/a b"], ["a", "/a~2"]),
+    ("relative-json-pointer", ["0", "1/a", "0#", "2/"], ["01", "/a", "0a"]),
+])
+def test_formats_llguidance_does_not_know_are_written_as_the_check_reads_them(hf_tok, fmt, good, bad):
+    """llguidance reads these format names as "any string"; the grammar copy gets a pattern that is a subset
+    of jsonschema-rs' check, so the grammar never writes what the validator rejects, and every string the
+    pattern can produce passes the check."""
+    from dgemma_struct.constraints.schema_checks import spec_format_valid
+
+    c = compile_constraint({"type": "string", "format": fmt}, tokenizer=hf_tok)
+    for v in good:
+        assert spec_format_valid(fmt, v) and c.grammar_accepts(json.dumps(v)) and c.matches(json.dumps(v)), v
+    for v in bad:
+        assert not c.validate_text(json.dumps(v)).ok and not c.grammar_accepts(json.dumps(v)), v
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.from_regex(RAW_FORMAT_PATTERNS[fmt], fullmatch=True))
+    def check(s):
+        assert spec_format_valid(fmt, s), (fmt, s)
+
+    check()
+
+
 def test_a_raw_date_is_one_pydantic_reads(hf_tok):
     """``responses.parse(text_format=Model)`` sends pydantic's schema as a raw dict and parses the answer
     with pydantic: every date the raw grammar writes must be one pydantic's ``date`` takes."""

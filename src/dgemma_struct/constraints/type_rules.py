@@ -98,10 +98,25 @@ EMAIL_GRAMMAR_PATTERN = (rf"^{_EMAIL_ATEXT}{{1,32}}(?:\.{_EMAIL_ATEXT}{{1,15}}){
                          rf"@(?:(?:{_EMAIL_LABEL}\.){{1,4}}[A-Za-z](?:-?[A-Za-z0-9]){{0,15}}"
                          rf"|\[{_EMAIL_OCTET}(?:\.{_EMAIL_OCTET}){{3}}\])$")
 
-#: raw JSON-Schema formats llguidance reads wider than the format check that judges them (leap days);
-#: RFC 3339's year 0000 validates but is not generated (client date types refuse it); the leap second is kept
+# RFC 6570 level 4 (no reserved operators; literals as jsonschema-rs reads them, apostrophe and non-ASCII
+# included) and RFC 6901: llguidance does not know these formats and
+# would write any string, which the format check then rejects (a JSONSchemaBench MCP request ended in
+# GenerationFailed after four distinct rejected uri-templates such as "completion options")
+_PCT = "%[0-9A-Fa-f]{2}"
+_VARCHAR = f"(?:[A-Za-z0-9_]|{_PCT})"
+_VARSPEC = f"{_VARCHAR}(?:\\.?{_VARCHAR})*(?::[1-9][0-9]{{0,3}}|\\*)?"
+_URI_TEMPLATE = (f"^(?:[A-Za-z0-9\\-._~:/?#\\[\\]@!$&'()*+,;=\u00a0-\ud7ff\ue000-\ufdcf\ufdf0-\uffef"
+                 f"\U00010000-\U0010fffd]|{_PCT}"
+                 f"|\\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\\}})*$")
+_JSON_POINTER = "(?:/(?:[^~/]|~[01])*)*"
+
+#: raw JSON-Schema formats llguidance reads wider than the format check that judges them (leap days) or does
+#: not know (uri-template, json-pointer): a subset of what the check accepts; RFC 3339's year 0000 validates but
+#: is not generated (client date types refuse it); the leap second is kept
 RAW_FORMAT_PATTERNS: dict[str, str] = {
     "email": EMAIL_GRAMMAR_PATTERN, "idn-email": EMAIL_GRAMMAR_PATTERN,
+    "uri-template": _URI_TEMPLATE, "json-pointer": f"^{_JSON_POINTER}$",
+    "relative-json-pointer": f"^(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})$",
     "date": f"^{DATE}$",
     "date-time": (f"^{DATE}[Tt](?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\\.[0-9]{{1,18}})?"
                   f"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"),
