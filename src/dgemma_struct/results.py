@@ -11,7 +11,7 @@ class GenerationStats:
 
     ``tokens_per_forward`` is computed as transformers defines it: generated non-pad tokens divided
     by the decoder forward passes this row took part in (AR mode: tokens per encoder step); the
-    constrained API counts the accepted tokens plus the stop token instead. ``other_s`` is
+    constrained API counts the accepted tokens plus the stop token instead. ``other_s`` (:meth:`set_wall`) is
     ``wall_s - model_s`` (at least 0). Both stay stored fields: they are constructor arguments, and
     the two ``tokens_per_forward`` formulas give different numbers.
     """
@@ -33,6 +33,15 @@ class GenerationStats:
     budget_closing: bool = False  # the output was steered to close near the end of its token budget
     finish_reason: str = "stop"   # "stop", "length" (free text cut at max_new_tokens) or "error"
     seed: int | None = None       # the seed this row's draws came from (None: torch's global RNG)
+
+    def set_wall(self, wall_s: float) -> None:
+        """Record the wall time and what of it was not the model's (``other_s``, at least 0).
+
+            >>> s = GenerationStats(model_s=0.25); s.set_wall(1.0); s.other_s
+            0.75
+        """
+        self.wall_s = wall_s
+        self.other_s = max(0.0, wall_s - self.model_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -328,7 +328,7 @@ class DiffusionRuntime:
         for b, (*new, passes) in enumerate(table):   # every row's tokens and passes: one host read, then sliced
             res = self._result(new, passes, max_new_tokens, mode=mode, canvases=out.canvases,
                                denoising_steps=out.steps, wall_s=wall, model_s=out.model_s,
-                               other_s=max(0.0, wall - out.model_s), mask_s=out.hook_s, seed=row_seeds[b])
+                               mask_s=out.hook_s, seed=row_seeds[b])
             if recorder is not None:
                 res.logprobs = named(kept_entries(recorder.rows[b], new, self.pad_token_id, len(res.token_ids)),
                                      self.tokenizer)
@@ -339,14 +339,16 @@ class DiffusionRuntime:
         """One row's result from its generated columns (pad after a stop token): the ids before the
         stop token, at most ``max_new_tokens`` (:meth:`split_output`), and ``tokens_per_forward`` as
         transformers counts it (non-pad tokens / decoder passes). ``stats``: the other
-        :class:`GenerationStats` fields."""
+        :class:`GenerationStats` fields (``other_s`` is derived from ``wall_s``)."""
         return self._result(row.tolist(), passes, max_new_tokens, **stats)
 
     def _result(self, row: list[int], passes: int, max_new_tokens: int, **stats: Any) -> GenerationResult:
         token_ids, reason = self.split_output(row, max_new_tokens)
         non_pad = sum(t != self.pad_token_id for t in row) if self.pad_token_id is not None else len(row)
+        wall = stats.pop("wall_s", 0.0)
         s = GenerationStats(forward_passes=passes, generated_tokens=len(token_ids),
                             tokens_per_forward=non_pad / passes if passes else 0.0, finish_reason=reason, **stats)
+        s.set_wall(wall)
         return GenerationResult(text=self.decode(token_ids), token_ids=token_ids, stats=s)
 
     def stream(self, prompt: Prompt | None = None, *, prompt_ids: Sequence[int] | None = None,

@@ -360,8 +360,7 @@ class RepairSession:
         if self.least_junk is not None:  # a valid value (with junk) beat every later attempt
             return Accept(self.least_junk.attempt, self.least_junk.outcome)
         s = self.stats
-        s.wall_s = time.perf_counter() - t0
-        s.other_s = max(0.0, s.wall_s - s.model_s)   # a typed error's stats add up as a result's do
+        s.set_wall(time.perf_counter() - t0)   # a typed error's stats add up as a result's do
         partial = self.text_of(last.tokens) if last else ""
         if last is not None and not last.complete and not last.dead_end:
             s.finish_reason = "length"
@@ -383,10 +382,9 @@ class RepairSession:
 
     def finish(self, verdict: Accept, t0: float) -> GenerationResult:
         a, s = verdict.attempt, self.stats
-        s.wall_s = time.perf_counter() - t0
+        s.set_wall(time.perf_counter() - t0)
         s.generated_tokens = len(a.tokens)
         s.tokens_per_forward = (len(a.tokens) + 1) / s.forward_passes if s.forward_passes else 0.0
-        s.other_s = max(0.0, s.wall_s - s.model_s)
         s.finish_reason = "stop"
         reasoning, text = split_reasoning(self.c, self.text_of(a.tokens))
         if a.logprobs is not None and [e.token_id for e in a.logprobs] != a.tokens:

@@ -313,7 +313,7 @@ class ContinuousScheduler:
         wall = time.perf_counter() - t0
         res = self.rt.row_result(row.tokens, row.passes, req.max_new_tokens, mode=b.mode,
                                  canvases=row.tokens.shape[0] // self.L, wall_s=wall, seed=req.seed,
-                                 model_s=req.model_s, mask_s=req.mask_s, other_s=max(0.0, wall - req.model_s),
+                                 model_s=req.model_s, mask_s=req.mask_s,
                                  denoising_steps=row.passes if b.mode == "diffusion" else 0)
         if req.session is None:
             if req.stop is not None and req.stop():
